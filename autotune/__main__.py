@@ -1,0 +1,7 @@
+"""``python -m autotune``."""
+
+import sys
+
+from autotune.cli import main
+
+sys.exit(main())

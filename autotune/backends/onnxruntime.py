@@ -1,0 +1,116 @@
+"""ONNX Runtime on the CPU: the embedded default backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from autotune.backends.base import Backend, BuildError, Capabilities, Knob
+from autotune.plan import KnobValue
+from autotune.quant.recipe import ORT_X86
+
+_LEVELS = ("all", "extended", "basic")
+
+
+class OnnxRuntimeCPU(Backend):
+    """ONNX Runtime with the CPU execution provider.
+
+    FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts (measurements-cpu.md, section 4).
+    INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86.
+
+    Args:
+        intra_op_threads: Threads per session, fixed by the deployment.
+    """
+
+    name = "onnxruntime"
+    recipe = ORT_X86
+
+    def __init__(self, intra_op_threads: int = 2):
+        import onnxruntime  # noqa: F401 - fail at construction if missing
+
+        self.intra_op_threads = intra_op_threads
+
+    def capabilities(self) -> Capabilities:
+        """INT8 for weight layers; optimization level and spinning as knobs."""
+        int8 = ("fp32", "int8")
+        return Capabilities(
+            precisions={"Conv": int8, "Gemm": int8, "MatMul": int8, "ConvTranspose": int8},
+            knobs=(
+                Knob("graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"),
+                Knob("allow_spinning", (True, False), "intra-op threads spin while waiting for work"),
+            ),
+        )
+
+    def _session_options(self, knobs: Mapping[str, KnobValue]) -> Any:
+        import onnxruntime as ort
+
+        level = str(knobs.get("graph_optimization_level", "all"))
+        if level not in _LEVELS:
+            raise BuildError(f"graph_optimization_level {level!r} is not one of {_LEVELS}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        }[level]
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if knobs.get("allow_spinning", True) else "0")
+        options.log_severity_level = 3
+        return options
+
+    def build(self, model: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
+        """Creates an inference session (the ORT "engine").
+
+        Raises:
+            BuildError: ORT rejected the model.
+        """
+        import onnxruntime as ort
+
+        try:
+            return ort.InferenceSession(
+                model.SerializeToString(), self._session_options(knobs), providers=["CPUExecutionProvider"]
+            )
+        except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+                ort.capi.onnxruntime_pybind11_state.NotImplemented, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+                RuntimeError) as error:
+            raise BuildError(f"ONNX Runtime could not create a session: {error}") from error
+
+    def run(self, artifact: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs one batch."""
+        return artifact.run(None, dict(feeds))
+
+    def profile(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]) -> dict[str, float] | None:
+        """Per-node shares of FP32 runtime from ORT's profiler.
+
+        Profiled with graph optimizations off, where every node keeps its name: fusions (even at the basic level,
+        MatMul+Add becomes Gemm) would attribute a layer's time to a fused node with another name.
+        """
+        import onnxruntime as ort
+
+        options = self._session_options({})
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.enable_profiling = True
+        with tempfile.TemporaryDirectory() as tmp:
+            options.profile_file_prefix = os.path.join(tmp, "profile")
+            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            for _ in range(5):
+                session.run(None, dict(feeds))
+            events = json.loads(Path(session.end_profiling()).read_text())
+        per_node: dict[str, float] = {}
+        for event in events:
+            if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+                node = event["name"][: -len("_kernel_time")]
+                per_node[node] = per_node.get(node, 0.0) + float(event.get("dur", 0))
+        total = sum(per_node.values())
+        if total <= 0:
+            return None
+        return {name: per_node.get(name, 0.0) / total for name in node_names}

@@ -1,0 +1,139 @@
+"""The ``autotune`` command: parse, load the config, call the API, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from autotune import api
+from autotune.config import ConfigError, load_config
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="YAML config (see configs/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. budget.builds=20")
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.set)
+    model, space = api.analyze(config)
+    rows = api.layer_table(model, space)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{model.path}: {len(rows)} tunable layers, {len(space.searchable)} searched; knobs: "
+          + ", ".join(f"{k.name}={list(k.values)}" for k in space.knobs))
+    header = f"{'#':>3} {'op':<8} {'MMACs':>9} {'params':>9} {'depth':>5} {'FP32 %':>7}  {'choices':<12} name"
+    print(header)
+    for row in rows:
+        share = f"{100 * row['runtime_share']:.1f}" if row["runtime_share"] is not None else "-"
+        print(f"{row['index']:>3} {row['op_type']:<8} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
+              f"{share:>7}  {'/'.join(row['choices']):<12} {row['name']}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.set)
+    result = api.evaluate(config, args.plan, split=args.split)
+    print(json.dumps(result, indent=2))
+    return 0 if result["status"] == "ok" else 1
+
+
+def _print_summary(summary: dict) -> None:
+    winner, reference = summary["winner"], summary.get("fp32_reference") or {}
+    print(f"\nwinner (rank {summary['rank']}): {summary['plan']}")
+    print(f"{'':<10} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}   (held-out data, confirmed)")
+    for label, row in (("fp32", reference), ("winner", winner)):
+        if row:
+            print(f"{label:<10} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
+                  f"{row['accuracy_drop']:>9.4g}")
+    print(f"accuracy budget {summary['accuracy_budget']} ({summary['metric']}); builds {summary['builds']}, "
+          f"store hits {summary['cache_hits']}; exported: {', '.join(summary['files'])}")
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from autotune.tune import tune
+
+    config = load_config(args.config, args.set)
+    summary = tune(config, progress=not args.no_progress)
+    _print_summary(summary)
+    print(f"TensorBoard: tensorboard --logdir {config.run_dir / 'tb'}")
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from autotune.tune import tune
+
+    summary = tune(resume_dir=Path(args.run_dir), progress=not args.no_progress)
+    _print_summary(summary)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from autotune.evaluate import Evaluator
+    from autotune.rundir import RunDir
+    from autotune.store import TrialStore
+    from autotune.tune import export_ranked
+
+    run, config = RunDir.open(args.run_dir)
+    with TrialStore(run.store) as store, Evaluator(config, store) as evaluator:
+        summary = export_ranked(run, config, evaluator, store, rank=args.rank, out_dir=Path(args.out) if args.out else None)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="autotune", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    inspect = commands.add_parser("inspect", help="print the table of tunable layers")
+    _add_config(inspect)
+    inspect.add_argument("--json", action="store_true", help="print JSON")
+    inspect.set_defaults(handler=_inspect)
+
+    evaluate = commands.add_parser("evaluate", help="build and measure one plan against FP32 in the same run")
+    _add_config(evaluate)
+    evaluate.add_argument("--plan", default="int8", help="fp32, int8, or a plan JSON file (default int8)")
+    evaluate.add_argument("--split", choices=("evaluation", "holdout"), default="evaluation")
+    evaluate.set_defaults(handler=_evaluate)
+
+    tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")
+    _add_config(tune)
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.set_defaults(handler=_tune)
+
+    resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")
+    resume.add_argument("run_dir")
+    resume.add_argument("--no-progress", action="store_true")
+    resume.set_defaults(handler=_resume)
+
+    export = commands.add_parser("export", help="export a ranked confirmed plan of a finished run")
+    export.add_argument("run_dir")
+    export.add_argument("--rank", type=int, default=1, help="1 = the winner")
+    export.add_argument("--out", help="output folder (default RUN_DIR/best)")
+    export.set_defaults(handler=_export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the CLI; errors a user can fix are printed without a traceback."""
+    args = build_parser().parse_args(argv)
+    from autotune.evaluate import SetupError
+    from autotune.store import StoreError
+
+    try:
+        return args.handler(args)
+    except (ConfigError, SetupError, StoreError) as error:
+        print(f"autotune: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

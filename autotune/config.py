@@ -1,0 +1,334 @@
+"""The one typed config that the CLI and the Python API both take."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
+KnobValue = str | int | float | bool
+CALIBRATION_METHODS = ("max", "percentile", "entropy")
+WEIGHT_GRANULARITIES = ("per_channel", "per_tensor")
+
+
+class ConfigError(ValueError):
+    """The config is invalid; the message names each bad key and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(_Strict):
+    """One model input at the shape it is tuned and deployed with."""
+
+    name: str
+    shape: list[Annotated[int, Field(gt=0)]]
+    dtype: Literal["float32", "float16", "int64", "int32", "uint8", "int8", "bool"] = "float32"
+
+
+class ModelConfig(_Strict):
+    """Where the model comes from: an ONNX file, or a PyTorch factory exported on first use."""
+
+    onnx: Path | None = None
+    """Path to an ONNX file (external data next to it is loaded)."""
+    torch: str | None = None
+    """A ``package.module:function`` returning a ``torch.nn.Module``; exported with ``torch.onnx.export`` and cached."""
+    opset: int = Field(17, ge=13, le=23)
+    include_activation_matmuls: bool = False
+    """Also tune MatMuls whose both inputs are activations (attention's QK^T and AV)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.onnx is None) == (self.torch is None):
+            raise ValueError("give exactly one of model.onnx (a file) or model.torch ('module:function')")
+        if self.torch is not None and ":" not in self.torch:
+            raise ValueError(f"model.torch must look like 'package.module:function', got {self.torch!r}")
+        return self
+
+
+class DataSource(_Strict):
+    """A set of batches: an ``.npz`` file (arrays named after the inputs, plus optional ``labels``) or a generator."""
+
+    npz: Path | None = None
+    generator: str | None = None
+    """``package.module:function(**kwargs)`` returning an iterable of ``{input name: array}`` batches
+    (a ``labels`` key holds labels)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    random: Annotated[int, Field(gt=0)] | None = None
+    """Number of random batches (latency-only runs and tests; fidelity metrics still work)."""
+    limit: Annotated[int, Field(gt=0)] | None = None
+    """Use at most this many batches."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSource:
+        given = [name for name in ("npz", "generator", "random") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of npz, generator or random (got {given or 'none'})")
+        return self
+
+
+class DataConfig(_Strict):
+    """Calibration data, the evaluation data the search uses, and held-out data it never sees."""
+
+    calibration: DataSource
+    evaluation: DataSource
+    holdout: DataSource | None = None
+    """Used only to confirm the finalists before export; defaults to the evaluation data (not held out)."""
+
+
+class MetricConfig(_Strict):
+    """The accuracy metric; the accuracy drop is the reference's value minus the plan's, in the metric's units."""
+
+    name: Literal["cosine", "top1_agreement", "snr", "top1", "custom"] = "cosine"
+    output: str | None = None
+    """Model output to score; default the first."""
+    function: str | None = None
+    """For ``custom``: ``module:function(outputs, reference_outputs, labels) -> float``, higher is better."""
+
+    @model_validator(mode="after")
+    def _custom_needs_function(self) -> MetricConfig:
+        if (self.name == "custom") != (self.function is not None):
+            raise ValueError("metric.function ('module:function') is required for name: custom, and only for it")
+        return self
+
+
+class BackendConfig(_Strict):
+    """The backend that builds and measures engines, and its deployment settings (not searched)."""
+
+    name: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
+    intra_op_threads: int = Field(2, gt=0)
+    """ORT: threads per session, fixed by the deployment."""
+    timeout_s: float = Field(600.0, gt=0)
+    """A build and measurement slower than this is a failed trial."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Backend-specific settings (TensorRT: workspace_ladder_mib, device ...)."""
+
+
+class SearchSpaceConfig(_Strict):
+    """Restrictions of what the search may choose."""
+
+    precisions: list[Precision] | None = None
+    """Precisions offered to every layer (intersected with what the backend supports); default all it supports."""
+    include_layers: str | None = None
+    """Regex: tune only layers whose name matches; the rest stay FP32."""
+    exclude_layers: str | None = None
+    """Regex: keep matching layers in FP32."""
+    op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] | None = None
+    calibration_methods: list[Literal["max", "percentile", "entropy"]] = ["max", "percentile", "entropy"]
+    weight_granularity: list[Literal["per_channel", "per_tensor"]] = ["per_channel", "per_tensor"]
+    knobs: dict[str, list[KnobValue]] = Field(default_factory=dict)
+    """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""
+    group_size: int = Field(1, gt=0)
+    """Layers decided together in one step (graph order); >1 shortens episodes of large models."""
+
+    @field_validator("include_layers", "exclude_layers")
+    @classmethod
+    def _valid_regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ValueError(f"not a valid regular expression: {error}") from error
+        return value
+
+    @field_validator("calibration_methods", "weight_granularity")
+    @classmethod
+    def _non_empty(cls, value: list) -> list:
+        if not value:
+            raise ValueError("must list at least one value")
+        return value
+
+
+class CalibrationConfig(_Strict):
+    """Settings of our calibration (TensorRT 11 has none)."""
+
+    percentile: float = Field(99.99, gt=0, le=100)
+    num_bins: int = Field(2048, ge=128)
+
+
+class MeasureConfig(_Strict):
+    """The latency protocol: the candidate and the FP32 reference alternate, rounds x repeats each."""
+
+    warmup: int = Field(3, ge=1)
+    """Untimed runs after every switch between sessions (the first run after a switch is 1.5x slower)."""
+    repeats: int = Field(10, ge=1)
+    rounds: int = Field(2, ge=1)
+
+
+class RewardConfig(_Strict):
+    """``log(t_ref / t_plan) - accuracy_penalty * max(0, drop - accuracy_budget)``; failures get ``failure``."""
+
+    accuracy_penalty: float = Field(100.0, ge=0)
+    failure: float = -1.0
+
+
+class BudgetConfig(_Strict):
+    """How much a run may spend."""
+
+    builds: int = Field(150, gt=0)
+    """Trials that build and measure; trials answered from the store are free."""
+
+
+class PPOConfig(_Strict):
+    """MaskablePPO hyperparameters, sized for steps that cost seconds: an update every few builds."""
+
+    episodes_per_update: int = Field(8, gt=0)
+    """Episodes (plans) collected per policy update; n_steps = this x the episode length."""
+    minibatches: int = Field(4, gt=0)
+    n_epochs: int = Field(10, gt=0)
+    learning_rate: float = Field(3e-4, gt=0)
+    gamma: float = Field(1.0, gt=0, le=1)
+    gae_lambda: float = Field(0.95, gt=0, le=1)
+    ent_coef: float = Field(0.01, ge=0)
+    clip_range: float = Field(0.2, gt=0)
+    net_arch: list[Annotated[int, Field(gt=0)]] = [64, 64]
+    checkpoint_every_builds: int = Field(25, gt=0)
+    stall_episodes: int = Field(400, gt=0)
+    """Stop early when this many episodes in a row were all answered from the store (the policy converged)."""
+
+
+class ConfirmConfig(_Strict):
+    """Re-measurement of the finalists before export."""
+
+    top_k: int = Field(5, gt=0)
+    repeats: int = Field(20, ge=1)
+    rounds: int = Field(4, ge=1)
+
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class TuneConfig(_Strict):
+    """Everything a tuning run needs; the resolved copy is saved as ``runs/<name>/config.yaml``."""
+
+    name: str
+    """Run name: the run directory is ``<runs_dir>/<name>``."""
+    seed: int = 0
+    model: ModelConfig
+    inputs: list[InputConfig] = Field(default_factory=list)
+    """Input shapes and dtypes; required for inputs with dynamic dimensions."""
+    data: DataConfig
+    metric: MetricConfig = MetricConfig()
+    backend: BackendConfig = BackendConfig()
+    search: SearchSpaceConfig = SearchSpaceConfig()
+    calibration: CalibrationConfig = CalibrationConfig()
+    measure: MeasureConfig = MeasureConfig()
+    reward: RewardConfig = RewardConfig()
+    accuracy_budget: float = Field(0.01, ge=0)
+    """Largest accuracy drop allowed, in the metric's units."""
+    budget: BudgetConfig = BudgetConfig()
+    ppo: PPOConfig = PPOConfig()
+    confirm: ConfirmConfig = ConfirmConfig()
+    runs_dir: Path = Path("runs")
+    cache_dir: Path = Path(".cache/autotune")
+    """Exported models and calibration statistics, shared by runs."""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not _RUN_NAME.match(value) or ".." in value:
+            raise ValueError(
+                "must be letters, digits, '_', '-' or '.', with no path separator and no '..' "
+                "(the run directory is runs/<name>)"
+            )
+        return value
+
+    @property
+    def run_dir(self) -> Path:
+        """``<runs_dir>/<name>``."""
+        return self.runs_dir / self.name
+
+
+def _format_errors(error: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see configs/ for examples)"
+        elif item["type"] == "literal_error":
+            message = f"{message}; got {item.get('input')!r}"
+        lines.append(f"  {location}: {message}")
+    return "\n".join(lines)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Applies ``key.sub=value`` overrides (values parsed as YAML) to a raw config dict.
+
+    Raises:
+        ConfigError: An override is not ``key=value``.
+    """
+    for override in overrides:
+        if "=" not in override:
+            raise ConfigError(f"override {override!r} must look like key.subkey=value")
+        key, raw = override.split("=", 1)
+        target = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"override {override!r}: {part!r} is not a section")
+        target[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Makes relative file paths in the config relative to the config file's folder."""
+
+    def fix(section: dict[str, Any] | None, key: str) -> None:
+        if isinstance(section, dict) and isinstance(section.get(key), str) and not Path(section[key]).is_absolute():
+            section[key] = str(base / section[key])
+
+    fix(data.get("model"), "onnx")
+    for split in ("calibration", "evaluation", "holdout"):
+        fix((data.get("data") or {}).get(split), "npz")
+
+
+def parse_config(data: Any, source: str = "<dict>") -> TuneConfig:
+    """Validates a raw config mapping.
+
+    Raises:
+        ConfigError: With every bad key path and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {source}: the top level must be a mapping of keys, got {type(data).__name__}")
+    try:
+        return TuneConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_errors(error, source)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TuneConfig:
+    """Loads a YAML config with a safe loader, applies overrides and validates it.
+
+    Args:
+        path: The YAML file.
+        overrides: ``key.sub=value`` strings, as given to the CLI's ``--set``.
+
+    Returns:
+        The resolved config.
+
+    Raises:
+        ConfigError: The file is missing, not YAML, or invalid.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if isinstance(data, dict):
+        data = apply_overrides(data, overrides or [])
+        _resolve_paths(data, path.parent)
+    return parse_config(data, str(path))
+
+
+def dump_config(config: TuneConfig) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

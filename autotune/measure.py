@@ -1,0 +1,94 @@
+"""The latency protocol: warm-up after every switch, repeats, rounds, and the reference interleaved."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a latency was measured; stored with every result.
+
+    Attributes:
+        warmup: Untimed runs after every switch between candidate and reference.
+        repeats: Timed runs per round and side.
+        rounds: Alternations (reference, candidate) per measurement.
+    """
+
+    warmup: int = 3
+    repeats: int = 10
+    rounds: int = 2
+
+    def to_dict(self) -> dict[str, int]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Latency:
+    """A candidate's latency against the reference timed in the same process.
+
+    Attributes:
+        median_ms: Median of the candidate's timed runs.
+        iqr_ms: Interquartile range of the candidate's runs.
+        reference_median_ms: Median of the reference's runs, interleaved with the candidate's.
+        reference_iqr_ms: Interquartile range of the reference's runs.
+        speedup: ``reference_median_ms / median_ms``.
+    """
+
+    median_ms: float
+    iqr_ms: float
+    reference_median_ms: float
+    reference_iqr_ms: float
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster than the reference."""
+        return self.reference_median_ms / self.median_ms
+
+
+def _stats(samples: list[float]) -> tuple[float, float]:
+    q1, median, q3 = np.percentile(samples, [25, 50, 75])
+    return float(median), float(q3 - q1)
+
+
+def _timed(run: Callable[[], object], protocol: Protocol, clock: Callable[[], float]) -> list[float]:
+    for _ in range(protocol.warmup):
+        run()
+    times = []
+    for _ in range(protocol.repeats):
+        start = clock()
+        run()
+        times.append((clock() - start) * 1e3)
+    return times
+
+
+def interleaved(
+    candidate: Callable[[], object],
+    reference: Callable[[], object],
+    protocol: Protocol,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Latency:
+    """Times the candidate and the reference alternately, so machine drift hits both alike.
+
+    Args:
+        candidate: Runs the candidate once.
+        reference: Runs the reference once.
+        protocol: Warm-up, repeats and rounds.
+        clock: Seconds; injectable for tests.
+
+    Returns:
+        Medians and IQRs of both sides.
+    """
+    candidate_ms: list[float] = []
+    reference_ms: list[float] = []
+    for _ in range(protocol.rounds):
+        reference_ms += _timed(reference, protocol, clock)
+        candidate_ms += _timed(candidate, protocol, clock)
+    median, iqr = _stats(candidate_ms)
+    reference_median, reference_iqr = _stats(reference_ms)
+    return Latency(median, iqr, reference_median, reference_iqr)

@@ -1,0 +1,426 @@
+"""Model intake: load or export ONNX, infer shapes, and build the table of tunable layers."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, shape_inference
+
+TUNABLE_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+class ModelError(ValueError):
+    """The model cannot be used; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input as it is fed at run time."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One tunable layer and the features an agent can use to choose its precision.
+
+    Attributes:
+        name: The ONNX node name (unique; unnamed nodes get one on load).
+        op_type: Conv, ConvTranspose, Gemm or MatMul.
+        index: Position in the layer table (graph order).
+        activation_inputs: Tensors quantized as activations when the layer runs in INT8.
+        weight: The constant weight initializer, or None for an activation x activation MatMul.
+        weight_axis: The output-channel axis of the weight, for per-channel scales.
+        bias: The bias initializer (Conv, ConvTranspose, Gemm), if any.
+        output: The layer's output tensor.
+        input_shapes: Shapes of the activation inputs (-1 where unknown).
+        output_shape: Shape of the output (-1 where unknown).
+        macs: Multiply-accumulates for one run at the configured input shapes.
+        params: Number of weight and bias elements.
+        depth: Longest path from a graph input, in nodes.
+        runtime_share: This layer's share of FP32 runtime, where the backend could profile it.
+    """
+
+    name: str
+    op_type: str
+    index: int
+    activation_inputs: tuple[str, ...]
+    weight: str | None
+    weight_axis: int | None
+    bias: str | None
+    output: str
+    input_shapes: tuple[tuple[int, ...], ...]
+    output_shape: tuple[int, ...]
+    macs: int
+    params: int
+    depth: int
+    runtime_share: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class LoadedModel:
+    """An ONNX model ready for tuning.
+
+    Attributes:
+        proto: The model with unique node names and inferred shapes (weights in memory).
+        path: Where it was loaded from.
+        inputs: Input specs at the configured shapes.
+        layers: The tunable layers, in graph order.
+        hash: Content hash of the model (graph and weights).
+    """
+
+    proto: onnx.ModelProto
+    path: Path
+    inputs: list[InputSpec]
+    layers: list[Layer]
+    hash: str
+    output_names: list[str] = field(default_factory=list)
+
+    @property
+    def layer_names(self) -> list[str]:
+        """The tunable layer names in table order."""
+        return [layer.name for layer in self.layers]
+
+    def layer(self, name: str) -> Layer:
+        """The layer called ``name``."""
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(f"no tunable layer named {name!r}; see `autotune inspect CONFIG` for the names")
+
+
+def load_onnx(path: str | Path) -> onnx.ModelProto:
+    """Loads an ONNX file with its external data.
+
+    Raises:
+        ModelError: The file is missing, not ONNX, or its external weights are missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file {path} does not exist: fix model.onnx in the config")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # noqa: BLE001 - protobuf raises several types for a corrupt file
+        raise ModelError(f"{path} is not a readable ONNX model ({error}); re-export it") from error
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except (FileNotFoundError, OSError, onnx.checker.ValidationError) as error:
+        raise ModelError(
+            f"{path}: external weights are missing ({error}); keep the .data file next to the model"
+        ) from error
+    return model
+
+
+def export_torch(factory: str, inputs: Sequence[InputSpec], out_path: Path, opset: int = 17) -> Path:
+    """Exports a PyTorch module built by ``module:function`` to ONNX with ``torch.onnx.export``.
+
+    Args:
+        factory: ``"package.module:function"`` returning a ``torch.nn.Module``.
+        inputs: Example input names, shapes and dtypes.
+        out_path: Where to write the ONNX file.
+        opset: ONNX opset.
+
+    Returns:
+        ``out_path``.
+    """
+    import torch  # heavy: only when a torch model is exported
+
+    module = resolve_callable(factory)()
+    module.eval()
+    examples = tuple(
+        torch.from_numpy(np.zeros(spec.shape, dtype=np.dtype(spec.dtype)) + (1 if "int" in spec.dtype else 0))
+        for spec in inputs
+    )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(".tmp.onnx")
+    with torch.no_grad():
+        torch.onnx.export(
+            module,
+            examples,
+            str(tmp),
+            input_names=[spec.name for spec in inputs],
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=True,
+        )
+    tmp.replace(out_path)
+    return out_path
+
+
+def resolve_callable(spec: str) -> Any:
+    """Imports ``"package.module:function"`` and returns the function.
+
+    Raises:
+        ValueError: The spec is malformed or the name does not exist.
+    """
+    if ":" not in spec:
+        raise ValueError(f"{spec!r} must look like 'package.module:function'")
+    module_name, attribute = spec.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"cannot import {module_name!r} for {spec!r}: {error}") from error
+    try:
+        return getattr(module, attribute)
+    except AttributeError as error:
+        raise ValueError(f"{module_name!r} has no {attribute!r} (from {spec!r})") from error
+
+
+def model_hash(model: onnx.ModelProto) -> str:
+    """A content hash of the graph and its weights."""
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()[:16]
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Gives every unnamed or duplicate-named node a unique name, in place."""
+    seen: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{index}"
+        while name in seen:
+            name = f"{name}_{index}"
+        node.name = name
+        seen.add(name)
+
+
+def fix_input_shapes(model: onnx.ModelProto, inputs: Sequence[InputSpec]) -> None:
+    """Writes the configured shapes into the graph inputs, in place, so shape inference resolves every dim."""
+    by_name = {spec.name: spec for spec in inputs}
+    for value in model.graph.input:
+        spec = by_name.get(value.name)
+        if spec is None:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(spec.shape):
+            raise ModelError(
+                f"input {value.name!r} has rank {len(dims)} in the model but shape {list(spec.shape)} in the config"
+            )
+        for dim, size in zip(dims, spec.shape, strict=True):
+            if dim.HasField("dim_value") and dim.dim_value != size:
+                raise ModelError(
+                    f"input {value.name!r}: the model fixes a dimension to {dim.dim_value}, "
+                    f"the config asks for {size}; fix inputs[].shape in the config"
+                )
+            dim.Clear()
+            dim.dim_value = size
+
+
+_ONNX_TO_NUMPY = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[InputSpec]:
+    """The non-initializer graph inputs with their declared shapes (-1 for a symbolic dim)."""
+    initializers = {init.name for init in model.graph.initializer}
+    specs = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
+        specs.append(InputSpec(value.name, shape, _ONNX_TO_NUMPY.get(tensor_type.elem_type, "float32")))
+    return specs
+
+
+def resolve_inputs(model: onnx.ModelProto, configured: Sequence[InputSpec] | None, path: Path) -> list[InputSpec]:
+    """Merges the config's input specs with the model's declared inputs.
+
+    Raises:
+        ModelError: An input has dynamic dims and no shape in the config, or the config names an unknown input.
+    """
+    declared = graph_inputs(model)
+    by_name = {spec.name: spec for spec in configured or []}
+    unknown = set(by_name) - {spec.name for spec in declared}
+    if unknown:
+        raise ModelError(
+            f"{path}: the config names inputs {sorted(unknown)} that the model does not have; "
+            f"model inputs: {[s.name for s in declared]}"
+        )
+    resolved = []
+    for spec in declared:
+        if spec.name in by_name:
+            resolved.append(by_name[spec.name])
+        elif any(d < 0 for d in spec.shape):
+            raise ModelError(
+                f"{path}: input {spec.name!r} has dynamic dimensions {list(spec.shape)}; "
+                f"give its shape under inputs: in the config"
+            )
+        else:
+            resolved.append(spec)
+    return resolved
+
+
+def _shape_of(value_info: dict[str, tuple[int, ...]], name: str) -> tuple[int, ...]:
+    return value_info.get(name, ())
+
+
+def _depths(graph: onnx.GraphProto) -> dict[str, int]:
+    producer_depth: dict[str, int] = {}
+    node_depth: dict[str, int] = {}
+    for node in graph.node:  # ONNX requires topological order
+        depth = 1 + max((producer_depth.get(name, 0) for name in node.input if name), default=0)
+        node_depth[node.name] = depth
+        for output in node.output:
+            producer_depth[output] = depth
+    return node_depth
+
+
+def _weight_axis(op_type: str, node: onnx.NodeProto, weight_index: int) -> int:
+    if op_type == "Conv":
+        return 0
+    if op_type == "ConvTranspose":
+        return 1
+    if op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans_b else 1
+    # MatMul: x @ W has output channels on W's last axis; W @ x on W's first (row) axis.
+    return -1 if weight_index == 1 else -2
+
+
+def _macs(op_type: str, weight_shape: tuple[int, ...], out_shape: tuple[int, ...], in_shapes: list) -> int:
+    if not out_shape or any(d < 0 for d in out_shape):
+        return 0
+    out_elements = int(np.prod(out_shape))
+    if op_type in ("Conv",):
+        # each output element sums over in_channels/group x kernel
+        return out_elements * int(np.prod(weight_shape[1:])) if weight_shape else 0
+    if op_type == "ConvTranspose":
+        in_elements = int(np.prod(in_shapes[0])) if in_shapes and all(d > 0 for d in in_shapes[0]) else 0
+        return in_elements * int(np.prod(weight_shape[1:])) if weight_shape else 0
+    # MatMul / Gemm: the reduction dimension is the activation's last dim
+    if in_shapes and in_shapes[0] and in_shapes[0][-1] > 0:
+        return out_elements * in_shapes[0][-1]
+    if weight_shape:
+        return out_elements * weight_shape[0]
+    return 0
+
+
+def build_layer_table(model: onnx.ModelProto, include_activation_matmuls: bool = False) -> list[Layer]:
+    """Finds the tunable layers of a shape-inferred model and computes their features.
+
+    Args:
+        model: A model with unique node names and inferred shapes.
+        include_activation_matmuls: Also list MatMuls whose both inputs are activations (QK^T, AV).
+
+    Returns:
+        The layers in graph order.
+    """
+    graph = model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    depths = _depths(graph)
+
+    layers: list[Layer] = []
+    for node in graph.node:
+        if node.op_type not in TUNABLE_OP_TYPES:
+            continue
+        data_inputs = list(node.input[:2])
+        weight_index = next((i for i, name in enumerate(data_inputs) if name in initializers), None)
+        if weight_index is None and any(name in constants for name in data_inputs):
+            continue  # weights in Constant nodes: fold constants first
+        if weight_index is None and not (node.op_type == "MatMul" and include_activation_matmuls):
+            continue
+        if node.op_type in ("Conv", "ConvTranspose") and weight_index != 1:
+            continue
+        weight = data_inputs[weight_index] if weight_index is not None else None
+        activations = tuple(name for i, name in enumerate(data_inputs) if i != weight_index)
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] in initializers else None
+        if node.op_type == "Gemm" and weight_index == 0:
+            continue  # W @ x as Gemm is rare; leave it FP32
+        weight_shape = tuple(initializers[weight].dims) if weight else ()
+        in_shapes = [_shape_of(shapes, name) for name in activations]
+        out_shape = _shape_of(shapes, node.output[0])
+        params = int(np.prod(weight_shape)) if weight else 0
+        if bias:
+            params += int(np.prod(initializers[bias].dims))
+        if node.op_type == "MatMul" and weight is None:
+            macs = _macs("MatMul", (), out_shape, in_shapes)
+        else:
+            macs = _macs(node.op_type, weight_shape, out_shape, in_shapes)
+        layers.append(
+            Layer(
+                name=node.name,
+                op_type=node.op_type,
+                index=len(layers),
+                activation_inputs=activations,
+                weight=weight,
+                weight_axis=_weight_axis(node.op_type, node, weight_index) if weight else None,
+                bias=bias,
+                output=node.output[0],
+                input_shapes=tuple(in_shapes),
+                output_shape=out_shape,
+                macs=macs,
+                params=params,
+                depth=depths[node.name],
+            )
+        )
+    return layers
+
+
+def prepare_model(
+    model: onnx.ModelProto,
+    path: Path,
+    configured_inputs: Sequence[InputSpec] | None,
+    include_activation_matmuls: bool = False,
+) -> LoadedModel:
+    """Names nodes, fixes input shapes, infers shapes and builds the layer table.
+
+    Raises:
+        ModelError: The model fails the checker, has unresolved inputs, or has no tunable layer.
+    """
+    name_nodes(model)
+    inputs = resolve_inputs(model, configured_inputs, path)
+    fix_input_shapes(model, inputs)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        raise ModelError(f"{path} fails the ONNX checker: {error}") from error
+    inferred = shape_inference.infer_shapes(model, data_prop=True)
+    layers = build_layer_table(inferred, include_activation_matmuls)
+    if not layers:
+        raise ModelError(
+            f"{path} has no tunable layer (Conv, ConvTranspose, Gemm, or MatMul with a constant weight); "
+            f"there is nothing to tune"
+        )
+    return LoadedModel(
+        proto=inferred,
+        path=path,
+        inputs=inputs,
+        layers=layers,
+        hash=model_hash(inferred),
+        output_names=[o.name for o in inferred.graph.output],
+    )
+
+
+def weight_array(model: onnx.ModelProto, name: str) -> np.ndarray:
+    """The initializer ``name`` as a numpy array."""
+    for init in model.graph.initializer:
+        if init.name == name:
+            return numpy_helper.to_array(init)
+    raise KeyError(name)

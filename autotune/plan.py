@@ -1,0 +1,135 @@
+"""Plans: the precision of every tunable layer plus the build knobs, as one hashable value."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8")
+"""Every precision a layer can take, from widest to narrowest; backends offer a subset."""
+
+KnobValue = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The precision of each tunable layer and the value of each knob.
+
+    Layers keep the order of the layer table; knobs are sorted by name, so equal plans have equal hashes.
+
+    Attributes:
+        precisions: ``(layer name, precision)`` pairs in layer-table order.
+        knobs: ``(knob name, value)`` pairs sorted by name.
+    """
+
+    precisions: tuple[tuple[str, str], ...]
+    knobs: tuple[tuple[str, KnobValue], ...] = ()
+
+    @classmethod
+    def make(cls, precisions: Mapping[str, str], knobs: Mapping[str, KnobValue] | None = None) -> Plan:
+        """Builds a plan from mappings, validating the precision names.
+
+        Args:
+            precisions: Layer name to precision, in layer-table order.
+            knobs: Knob name to value.
+
+        Returns:
+            The plan.
+
+        Raises:
+            ValueError: A precision is not one of ``PRECISIONS``.
+        """
+        for layer, precision in precisions.items():
+            if precision not in PRECISIONS:
+                raise ValueError(f"layer {layer!r}: unknown precision {precision!r}; allowed: {PRECISIONS}")
+        return cls(tuple(precisions.items()), tuple(sorted((knobs or {}).items())))
+
+    @classmethod
+    def uniform(cls, layers: list[str], precision: str, knobs: Mapping[str, KnobValue] | None = None) -> Plan:
+        """A plan that gives every layer the same precision."""
+        return cls.make({name: precision for name in layers}, knobs)
+
+    @property
+    def precision_map(self) -> dict[str, str]:
+        """Layer name to precision."""
+        return dict(self.precisions)
+
+    @property
+    def knob_map(self) -> dict[str, KnobValue]:
+        """Knob name to value."""
+        return dict(self.knobs)
+
+    def knob(self, name: str, default: KnobValue | None = None) -> Any:
+        """The value of one knob, or ``default`` when the plan does not set it."""
+        return self.knob_map.get(name, default)
+
+    def layers_in(self, precision: str) -> list[str]:
+        """The layers that run in ``precision``, in layer-table order."""
+        return [name for name, p in self.precisions if p == precision]
+
+    def with_knobs(self, **knobs: KnobValue) -> Plan:
+        """A copy with some knobs set."""
+        return Plan.make(self.precision_map, {**self.knob_map, **knobs})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``from_dict`` reverses it."""
+        return {"precisions": dict(self.precisions), "knobs": dict(self.knobs)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """Reads a plan written by ``to_dict``.
+
+        Raises:
+            ValueError: The dict is not a plan.
+        """
+        if not isinstance(data, Mapping) or "precisions" not in data:
+            raise ValueError("a plan is a JSON object with 'precisions' (layer -> precision) and optional 'knobs'")
+        unknown = set(data) - {"precisions", "knobs"}
+        if unknown:
+            raise ValueError(f"unknown plan keys {sorted(unknown)}; allowed: 'precisions', 'knobs'")
+        return cls.make(dict(data["precisions"]), dict(data.get("knobs") or {}))
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Canonical JSON: the same plan always gives the same text."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=indent is not None)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        """Reads ``to_json`` output."""
+        return cls.from_dict(json.loads(text))
+
+    @property
+    def hash(self) -> str:
+        """A short stable content hash; the key of the trial store."""
+        canonical = json.dumps({"p": list(map(list, self.precisions)), "k": list(map(list, self.knobs))})
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        """One line a person can read: how many layers take each precision, the exceptions, the knobs."""
+        counts: dict[str, list[str]] = {}
+        for name, precision in self.precisions:
+            counts.setdefault(precision, []).append(name)
+        majority = max(counts, key=lambda p: len(counts[p])) if counts else "fp32"
+        parts = [f"{majority} x{len(counts.get(majority, []))}"]
+        for precision, names in counts.items():
+            if precision != majority:
+                parts.append(f"{precision}: {', '.join(names)}")
+        if self.knobs:
+            parts.append(", ".join(f"{k}={v}" for k, v in self.knobs))
+        return "; ".join(parts)
+
+    def diff(self, other: Plan) -> list[str]:
+        """What changes from this plan to ``other``, one ``name: old -> new`` line each."""
+        lines = []
+        mine, theirs = self.precision_map, other.precision_map
+        for name in dict.fromkeys([*mine, *theirs]):
+            if mine.get(name) != theirs.get(name):
+                lines.append(f"{name}: {mine.get(name)} -> {theirs.get(name)}")
+        my_knobs, their_knobs = self.knob_map, other.knob_map
+        for name in sorted(set(my_knobs) | set(their_knobs)):
+            if my_knobs.get(name) != their_knobs.get(name):
+                lines.append(f"{name}: {my_knobs.get(name)} -> {their_knobs.get(name)}")
+        return lines

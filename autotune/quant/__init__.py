@@ -1,0 +1,1 @@
+"""Quantization: our calibration, the backend recipes, and the plan-to-typed-ONNX rewriter."""

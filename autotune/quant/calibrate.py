@@ -1,0 +1,563 @@
+"""Activation calibration: one ORT pass collects histograms, and every range method is derived from them.
+
+TensorRT 11 dropped its INT8 calibrators, so the ranges written into the Q/DQ nodes come from here for
+every backend. Statistics are collected once per (model, data, tensors, bin count) and cached on disk;
+``max``, ``percentile`` and ``entropy`` ranges are then computed from the same histograms, so switching
+method never re-runs the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("max", "percentile", "entropy")
+
+_CACHE_FORMAT = 1
+
+# A later batch far larger than the first would otherwise grow the histogram without bound (one outlier
+# 1e6 x the first batch's range means 2e9 bins); past this many bins, adjacent pairs are merged instead.
+_MAX_BINS = 1 << 16
+
+# Enough candidates to resolve the KL minimum to ~0.4 % of the range; trying all 2048 costs 4x for nothing.
+_MAX_ENTROPY_CANDIDATES = 512
+
+# Floor for Q where P has mass but Q has none (an empty last bin that received the outlier mass): the
+# candidate gets a large but finite penalty instead of inf, so a histogram of such candidates still ranks.
+_KL_EPSILON = 1e-10
+
+
+@dataclass(eq=False)
+class TensorStats:
+    """Running statistics of one tensor over the calibration data.
+
+    Attributes:
+        min: Smallest value seen (``inf`` before any value).
+        max: Largest value seen (``-inf`` before any value).
+        hist: Counts of ``|x|`` over bins ``[k * bin_width, (k + 1) * bin_width)``, int64; the largest
+            magnitude is counted in the last bin.
+        bin_width: Width of every bin. 0 while every value seen is exactly zero: those all sit in
+            ``hist[0]``, which stays correct whatever width a later batch sets.
+    """
+
+    min: float
+    max: float
+    hist: np.ndarray
+    bin_width: float
+
+    def __post_init__(self) -> None:
+        self.hist = np.asarray(self.hist, dtype=np.int64)
+        if self.hist.ndim != 1 or len(self.hist) == 0:
+            raise ValueError("hist must be a non-empty 1-D array of counts")
+        self.min = float(self.min)
+        self.max = float(self.max)
+        self.bin_width = float(self.bin_width)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorStats):
+            return NotImplemented
+        return (
+            self.min == other.min
+            and self.max == other.max
+            and self.bin_width == other.bin_width
+            and np.array_equal(self.hist, other.hist)
+        )
+
+    @property
+    def count(self) -> int:
+        """Number of values merged so far."""
+        return int(self.hist.sum())
+
+    @classmethod
+    def empty(cls, num_bins: int = 2048) -> TensorStats:
+        """Statistics of no values; the first non-zero batch merged in sets the bin width."""
+        if num_bins < 1:
+            raise ValueError(f"num_bins must be at least 1, got {num_bins}")
+        return cls(min=math.inf, max=-math.inf, hist=np.zeros(num_bins, dtype=np.int64), bin_width=0.0)
+
+    @classmethod
+    def from_batch(cls, values: np.ndarray, num_bins: int = 2048) -> TensorStats:
+        """Statistics of one batch: ``bin_width = max|x| / num_bins``.
+
+        Args:
+            values: Any array (any shape; converted to float64).
+            num_bins: Number of histogram bins over ``[0, max|x|]``.
+
+        Raises:
+            ValueError: ``values`` holds NaN or Inf, or ``num_bins < 1``.
+        """
+        stats = cls.empty(num_bins)
+        stats.update(values)
+        return stats
+
+    def update(self, values: np.ndarray) -> None:
+        """Merges one batch into the statistics.
+
+        Bins keep their width: when ``|x|`` exceeds the covered range, bins of the same width are appended
+        (as pytorch-quantization's HistogramCalibrator does), so earlier counts are never re-binned. Only
+        past ``_MAX_BINS`` bins are adjacent pairs merged (doubling the width), which is also exact.
+
+        Raises:
+            ValueError: ``values`` holds NaN or Inf.
+        """
+        x = np.asarray(values, dtype=np.float64).ravel()
+        if x.size == 0:
+            return
+        if not np.isfinite(x).all():
+            raise ValueError("values contain NaN or Inf")
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+        magnitudes = np.abs(x)
+        top = float(magnitudes.max())
+        if self.bin_width == 0.0:
+            if top == 0.0:
+                self.hist[0] += x.size
+                return
+            self.bin_width = top / len(self.hist)
+            # top sits exactly on the upper edge: no extension, whatever rounding says
+            length = len(self.hist)
+        else:
+            limit = max(_MAX_BINS, len(self.hist))
+            while math.ceil(top / self.bin_width) > limit:
+                self._coarsen()
+            length = max(len(self.hist), math.ceil(top / self.bin_width))
+        index = np.minimum((magnitudes / self.bin_width).astype(np.int64), length - 1)
+        counts = np.bincount(index, minlength=length)
+        if length > len(self.hist):
+            self.hist = np.concatenate([self.hist, np.zeros(length - len(self.hist), dtype=np.int64)])
+        self.hist += counts
+
+    def _coarsen(self) -> None:
+        hist = self.hist
+        if len(hist) % 2:
+            hist = np.concatenate([hist, np.zeros(1, dtype=np.int64)])
+        self.hist = hist.reshape(-1, 2).sum(axis=1)
+        self.bin_width *= 2.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``hist`` as a list of ints)."""
+        return {
+            "min": self.min,
+            "max": self.max,
+            "hist": [int(c) for c in self.hist],
+            "bin_width": self.bin_width,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorStats:
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            KeyError: A field is missing.
+            ValueError: A field has the wrong type or the histogram is malformed.
+        """
+        hist = data["hist"]
+        if not isinstance(hist, list) or not all(isinstance(c, int) and c >= 0 for c in hist):
+            raise ValueError("hist must be a list of non-negative ints")
+        return cls(
+            min=float(data["min"]), max=float(data["max"]), hist=np.array(hist), bin_width=data["bin_width"]
+        )
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """How histograms are built and how ranges are read from them.
+
+    Attributes:
+        percentile: The percentile of ``|x|`` used by the ``percentile`` method, in (0, 100].
+        num_bins: Histogram bins over the first batch's ``[0, max|x|]``.
+        entropy_target_bins: Quantized magnitude levels in the KL search (128 for 8-bit symmetric).
+    """
+
+    percentile: float = 99.99
+    num_bins: int = 2048
+    entropy_target_bins: int = 128
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.percentile <= 100.0:
+            raise ValueError(f"percentile must be in (0, 100], got {self.percentile}")
+        if self.num_bins < 1:
+            raise ValueError(f"num_bins must be at least 1, got {self.num_bins}")
+        if self.entropy_target_bins < 1:
+            raise ValueError(f"entropy_target_bins must be at least 1, got {self.entropy_target_bins}")
+
+
+DEFAULT_SETTINGS = CalibrationSettings()
+"""The defaults: 2048 bins, 99.99th percentile, 128 entropy levels (frozen, so safe to share)."""
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def amax(stats: TensorStats, method: str, settings: CalibrationSettings = DEFAULT_SETTINGS) -> float:
+    """The magnitude to clip at, by ``method``.
+
+    Args:
+        stats: Statistics of one tensor.
+        method: ``"max"``: ``max(|min|, |max|)``. ``"percentile"``: the upper edge of the bin where the
+            cumulative count of ``|x|`` reaches ``settings.percentile`` %. ``"entropy"``: TensorRT's
+            KL-divergence search (see :func:`_entropy_amax`).
+        settings: Percentile and entropy parameters.
+
+    Returns:
+        A non-negative magnitude; 0.0 for a tensor with no values or only zeros.
+
+    Raises:
+        ValueError: ``method`` is not one of :data:`METHODS`.
+    """
+    _check_method(method)
+    if stats.count == 0:
+        return 0.0
+    if method == "max":
+        return _max_amax(stats)
+    if method == "percentile":
+        return _percentile_amax(stats, settings.percentile)
+    return _entropy_amax(stats, settings.entropy_target_bins)
+
+
+def _max_amax(stats: TensorStats) -> float:
+    return float(max(abs(stats.min), abs(stats.max)))
+
+
+def _percentile_amax(stats: TensorStats, percentile: float) -> float:
+    cumulative = np.cumsum(stats.hist)
+    needed = percentile / 100.0 * cumulative[-1]
+    index = int(np.searchsorted(cumulative, needed, side="left"))
+    index = min(index, len(stats.hist) - 1)  # float rounding of needed at 100 %
+    return float((index + 1) * stats.bin_width)
+
+
+def _kl_divergence(hist: np.ndarray, clip: int, target_bins: int, outliers: float) -> float:
+    """KL(P || Q) for clipping the (float) histogram at bin ``clip``."""
+    kept = hist[:clip]
+    reference = kept.copy()
+    reference[-1] += outliers  # clipped values saturate at the last level
+    # Q is built from the kept bins only, as TensorRT does: the outlier mass sits in P's last bin and not in
+    # Q, which is what penalises clipping too much.
+    group = (np.arange(clip) * target_bins) // clip
+    nonzero = kept > 0
+    group_mass = np.bincount(group, weights=kept, minlength=target_bins)
+    group_nonzero = np.bincount(group, weights=nonzero, minlength=target_bins)
+    # Spread over the nonzero bins only: an empty bin must stay empty after quantization, else Q
+    # invents mass where the data has none.
+    expanded = np.where(nonzero, group_mass[group] / np.maximum(group_nonzero[group], 1.0), 0.0)
+    q_total = expanded.sum()
+    if q_total <= 0.0:
+        return math.inf
+    p = reference / reference.sum()
+    q = expanded / q_total
+    mask = p > 0
+    return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], _KL_EPSILON))))
+
+
+def _entropy_candidates(num_bins: int, target_bins: int) -> list[int]:
+    """Clip points (in bins) for the entropy search: ``target_bins..num_bins``, strided, ending at the top."""
+    if num_bins <= target_bins:
+        return [num_bins]
+    stride = max(1, math.ceil((num_bins - target_bins + 1) / _MAX_ENTROPY_CANDIDATES))
+    candidates = list(range(target_bins, num_bins + 1, stride))
+    if candidates[-1] != num_bins:
+        candidates.append(num_bins)
+    return candidates
+
+
+def _entropy_amax(stats: TensorStats, target_bins: int) -> float:
+    """TensorRT's KL-divergence calibration (IInt8EntropyCalibrator2, ``_compute_amax_entropy``).
+
+    For each candidate clip bin ``i``: P is ``hist[:i]`` with ``hist[i:]`` added to its last bin; Q is
+    ``hist[:i]`` merged into ``target_bins`` groups and spread back evenly over each group's nonzero bins.
+    The ``i`` with the smallest KL(P || Q) wins (the largest such ``i`` on ties, i.e. the least clipping);
+    the result is its upper edge ``i * bin_width``.
+    """
+    if stats.bin_width == 0.0 or len(stats.hist) <= target_bins:
+        return _max_amax(stats)  # no more bins than levels: nothing is lost by not clipping
+    hist = stats.hist.astype(np.float64)
+    # Bin 0 holds every exact zero (ReLU outputs, padding). Zero is representable exactly, yet a big spike
+    # there dominates the KL and drives the search to over-clip; pytorch-quantization flattens it too.
+    hist[0] = hist[1]
+    tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # tail[i] = hist[i:].sum()
+    candidates = _entropy_candidates(len(hist), target_bins)
+    divergences = np.array([_kl_divergence(hist, i, target_bins, tail[i]) for i in candidates])
+    best = len(divergences) - 1 - int(np.argmin(divergences[::-1]))
+    return float(candidates[best] * stats.bin_width)
+
+
+def activation_range(
+    stats: TensorStats,
+    method: str,
+    settings: CalibrationSettings = DEFAULT_SETTINGS,
+) -> tuple[float, float]:
+    """The ``(lo, hi)`` range to quantize a tensor with.
+
+    The clip magnitude from :func:`amax` is intersected with the observed ``[min, max]`` (so a ReLU output
+    keeps ``lo = 0`` and asymmetric uint8 spends no levels on values that never occur), then widened to
+    contain 0, because zero must be exactly representable (padding, ReLU).
+
+    Returns:
+        ``(lo, hi)`` as floats with ``lo <= 0 <= hi``.
+
+    Raises:
+        ValueError: ``method`` is not one of :data:`METHODS`.
+    """
+    clip = amax(stats, method, settings)
+    lo = min(max(stats.min, -clip), 0.0)
+    hi = max(min(stats.max, clip), 0.0)
+    return float(lo), float(hi)
+
+
+@dataclass
+class Calibration:
+    """Statistics of every quantizable tensor; ranges for any method are derived, not re-collected.
+
+    Attributes:
+        stats: Statistics by tensor name.
+        settings: The settings used to build the histograms and read ranges from them.
+    """
+
+    stats: dict[str, TensorStats]
+    settings: CalibrationSettings
+    _ranges: dict[str, dict[str, tuple[float, float]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def ranges(self, method: str) -> dict[str, tuple[float, float]]:
+        """``(lo, hi)`` for every tensor by ``method``; computed once per method.
+
+        Raises:
+            ValueError: ``method`` is not one of :data:`METHODS`.
+        """
+        _check_method(method)
+        if method not in self._ranges:
+            self._ranges[method] = {
+                name: activation_range(stats, method, self.settings) for name, stats in self.stats.items()
+            }
+        return dict(self._ranges[method])
+
+
+def _graph_tensor_names(graph: onnx.GraphProto) -> set[str]:
+    names = {value.name for value in graph.input}
+    names.update(init.name for init in graph.initializer)
+    for node in graph.node:
+        names.update(name for name in node.output if name)
+    return names
+
+
+def _elem_types(model: onnx.ModelProto, wanted: Iterable[str]) -> dict[str, int]:
+    """ONNX element types of ``wanted``; shape inference fills in those the model doesn't declare."""
+    graph = model.graph
+    declared = {
+        value.name: value.type.tensor_type.elem_type
+        for value in [*graph.input, *graph.value_info, *graph.output]
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type
+    }
+    missing = [name for name in wanted if name not in declared]
+    if missing:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception as error:  # noqa: BLE001 - inference failures only cost the FLOAT default below
+            logger.debug("shape inference failed (%s); assuming FLOAT for %s", error, missing)
+        else:
+            for value in inferred.value_info:
+                if value.name in missing and value.type.tensor_type.elem_type:
+                    declared[value.name] = value.type.tensor_type.elem_type
+    return {name: declared.get(name, onnx.TensorProto.FLOAT) for name in wanted}
+
+
+def _session_with_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> ort.InferenceSession:
+    """A CPU session of a copy of ``model`` that also returns the intermediate tensors ``outputs``."""
+    extended = onnx.ModelProto()
+    extended.CopyFrom(model)
+    existing = {value.name for value in extended.graph.output}
+    types = _elem_types(extended, [name for name in outputs if name not in existing])
+    for name, elem_type in types.items():
+        # No shape: ORT only needs name and type, and a wrong guessed shape would fail the session.
+        extended.graph.output.append(onnx.helper.make_tensor_value_info(name, elem_type, None))
+    options = ort.SessionOptions()
+    # Fusions rename or remove intermediate tensors; the requested names must survive.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 2
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        extended.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
+def collect_statistics(
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    batches: Iterable[Mapping[str, np.ndarray]],
+    num_bins: int = 2048,
+) -> dict[str, TensorStats]:
+    """Runs the model once over the calibration data and gathers statistics of ``tensors``.
+
+    The requested tensors become extra outputs of a copy of the model, run on ORT's CPU provider with graph
+    optimizations off so intermediate names survive. Graph inputs are read from the batch and constant
+    initializers from the model, without running anything for them. The copy is serialized in memory, so
+    models over protobuf's 2 GB limit are not supported.
+
+    Args:
+        model: The FP32 model.
+        tensors: Names of the tensors to calibrate.
+        batches: Feeds by input name; consumed once, so a generator is fine. Keys that are not model
+            inputs are ignored.
+        num_bins: Histogram bins over the first batch's range.
+
+    Returns:
+        Statistics by tensor name, in the order of ``tensors``.
+
+    Raises:
+        ValueError: A tensor is not in the graph, a batch lacks a model input, a tensor has NaN or Inf
+            values (the message names it and the 0-based batch index), or ``batches`` is empty.
+    """
+    names = list(dict.fromkeys(tensors))
+    graph = model.graph
+    known = _graph_tensor_names(graph)
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"tensors not in the graph: {', '.join(map(repr, unknown))}")
+    initializers = {init.name: init for init in graph.initializer}
+    fed = {value.name for value in graph.input if value.name not in initializers}
+    constants = {name: numpy_helper.to_array(initializers[name]) for name in names if name in initializers}
+    fetch = [name for name in names if name not in fed and name not in constants]
+
+    stats = {name: TensorStats.empty(num_bins) for name in names}
+    session = _session_with_outputs(model, fetch) if fetch else None
+    required = [value.name for value in session.get_inputs()] if session else sorted(fed)
+    seen = 0
+    for index, batch in enumerate(batches):
+        missing = [name for name in required if name not in batch]
+        if missing:
+            raise ValueError(f"calibration batch {index} lacks model inputs {missing}")
+        values: dict[str, np.ndarray] = {name: np.asarray(batch[name]) for name in names if name in fed}
+        values.update(constants)
+        if session is not None:
+            feed = {name: np.asarray(batch[name]) for name in required}
+            values.update(zip(fetch, session.run(fetch, feed), strict=True))
+        for name in names:
+            array = values[name]
+            if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
+                raise ValueError(
+                    f"tensor {name!r} has NaN/Inf values on calibration batch {index}; "
+                    "check the calibration data"
+                )
+            stats[name].update(array)
+        seen += 1
+    if seen == 0:
+        raise ValueError("calibration data is empty")
+    return stats
+
+
+def data_hash(batches: Sequence[Mapping[str, np.ndarray]]) -> str:
+    """A content hash of the calibration data: names, dtypes, shapes and bytes, in batch order.
+
+    Returns:
+        16 hex characters.
+    """
+    digest = hashlib.sha256()
+    digest.update(f"batches={len(batches)}".encode())
+    for batch in batches:
+        for name in sorted(batch):
+            array = np.ascontiguousarray(batch[name])
+            digest.update(f"|{name}|{array.dtype.str}|{array.shape}|".encode())
+            digest.update(array.data if array.size else b"")
+    return digest.hexdigest()[:16]
+
+
+def _cache_path(
+    cache_dir: Path, model_hash: str, data_key: str, tensors: Sequence[str], settings: CalibrationSettings
+) -> Path:
+    # Only num_bins changes the histograms; percentile and entropy settings are applied when ranges are
+    # read, so they stay out of the key and one cache serves every setting of them.
+    key = json.dumps(
+        {"format": _CACHE_FORMAT, "tensors": sorted(set(tensors)), "num_bins": settings.num_bins}
+    )
+    key_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir / f"calibration-{model_hash[:16]}-{data_key}-{key_hash}.json"
+
+
+def _load_cache(path: Path, tensors: Sequence[str]) -> dict[str, TensorStats] | None:
+    """The cached statistics, or None when the file is missing, corrupt or for other tensors."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != _CACHE_FORMAT:
+            raise ValueError(f"cache format {data.get('format')!r}, expected {_CACHE_FORMAT}")
+        stats = {name: TensorStats.from_dict(value) for name, value in data["stats"].items()}
+        if set(stats) != set(tensors):
+            raise ValueError("cached tensors differ from the requested ones")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        logger.warning("ignoring unreadable calibration cache %s (%s); recalibrating", path, error)
+        return None
+    return {name: stats[name] for name in dict.fromkeys(tensors)}
+
+
+def _write_cache(path: Path, stats: Mapping[str, TensorStats]) -> None:
+    """Writes the cache atomically, so a crash or a concurrent reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"format": _CACHE_FORMAT, "stats": {name: s.to_dict() for name, s in stats.items()}})
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(payload)
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def calibrate(
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    cache_dir: Path | None,
+    model_hash: str,
+    settings: CalibrationSettings = DEFAULT_SETTINGS,
+) -> Calibration:
+    """Calibrates ``tensors``, reusing statistics cached on disk.
+
+    The cache file is keyed by ``model_hash``, :func:`data_hash` of ``batches``, the sorted tensor list
+    and ``settings.num_bins``. A hit skips ORT entirely; a corrupt file is logged, ignored and rewritten.
+
+    Args:
+        model: The FP32 model.
+        tensors: Names of the tensors to calibrate.
+        batches: Calibration feeds by input name.
+        cache_dir: Directory for the cache, or None for no caching.
+        model_hash: Content hash of ``model`` (``LoadedModel.hash``).
+        settings: Histogram and range settings.
+
+    Returns:
+        Statistics of every tensor, ready for :meth:`Calibration.ranges`.
+
+    Raises:
+        ValueError: As :func:`collect_statistics`.
+    """
+    path = None
+    if cache_dir is not None:
+        path = _cache_path(Path(cache_dir), model_hash, data_hash(batches), tensors, settings)
+        cached = _load_cache(path, tensors)
+        if cached is not None:
+            logger.debug("calibration statistics from %s", path)
+            return Calibration(stats=cached, settings=settings)
+    stats = collect_statistics(model, tensors, batches, num_bins=settings.num_bins)
+    if path is not None:
+        _write_cache(path, stats)
+    return Calibration(stats=stats, settings=settings)

@@ -1,0 +1,174 @@
+"""Quantization parameters: activation scales and zero points, weight quantization, a numpy Q/DQ reference.
+
+Everything here follows ONNX ``QuantizeLinear``/``DequantizeLinear`` semantics:
+``q = saturate(round(x / scale) + zero_point)`` with round-half-to-even, and
+``x' = (q - zero_point) * scale``, all in float32.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+FP8_MAX = 448.0
+"""Largest finite FLOAT8E4M3FN value; FP8 scales map the calibrated amax onto it."""
+
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "uint8": (0, 255),
+    "int8": (-128, 127),
+    "int32": (-(2**31), 2**31 - 1),
+}
+
+_FP8_DTYPES = {"float8e4m3fn": ml_dtypes.float8_e4m3fn}
+
+_FALLBACK_SCALE = np.float32(1.0)
+"""Scale used when the range is empty (a constant-zero tensor). Any positive scale is exact there;
+1.0 (as ORT's quantizer does) keeps a derived int32 bias scale (act_scale * weight_scale) far from
+int32 overflow."""
+
+
+def _safe_scale(scale: np.ndarray | np.floating) -> np.ndarray:
+    """Replaces zero, denormal or non-finite scales by ``_FALLBACK_SCALE``.
+
+    TensorRT rejects scales that are not strictly positive, and a zero scale would divide by zero.
+    """
+    scale = np.asarray(scale, dtype=np.float32)
+    bad = ~np.isfinite(scale) | (scale < np.finfo(np.float32).tiny)
+    return np.where(bad, _FALLBACK_SCALE, scale).astype(np.float32)
+
+
+def activation_qparams(lo: float, hi: float, dtype: str) -> tuple[np.float32, np.uint8 | np.int8]:
+    """Scale and zero point for an activation with calibrated range ``[lo, hi]``.
+
+    Args:
+        lo: Calibrated minimum (widened to include 0, so that 0 is exactly representable).
+        hi: Calibrated maximum (widened to include 0).
+        dtype: ``"uint8"`` (asymmetric) or ``"int8"`` (symmetric, zero point 0).
+
+    Returns:
+        ``(scale, zero_point)``: a strictly positive float32 scale and a zero point of ``dtype``.
+
+    Raises:
+        ValueError: ``dtype`` is not uint8 or int8, or the range is not finite.
+    """
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise ValueError(f"calibrated range [{lo}, {hi}] is not finite")
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if dtype == "uint8":
+        scale = _safe_scale(np.float32((hi - lo) / 255.0))
+        zero_point = np.clip(np.rint(-lo / float(scale)), 0, 255)
+        return np.float32(scale), np.uint8(zero_point)
+    if dtype == "int8":
+        scale = _safe_scale(np.float32(max(abs(lo), abs(hi)) / 127.0))
+        return np.float32(scale), np.int8(0)
+    raise ValueError(f"activation dtype must be 'uint8' or 'int8', not {dtype!r}")
+
+
+def fp8_activation_scale(lo: float, hi: float) -> np.float32:
+    """Symmetric FLOAT8E4M3FN scale ``amax / 448`` for an activation in ``[lo, hi]`` (zero point 0)."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise ValueError(f"calibrated range [{lo}, {hi}] is not finite")
+    return np.float32(_safe_scale(np.float32(max(abs(float(lo)), abs(float(hi))) / FP8_MAX)))
+
+
+def _channel_amax(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple[np.ndarray, int | None]:
+    """Absolute maximum per channel along ``axis`` (returned non-negative), or over the whole tensor."""
+    w = np.asarray(w, dtype=np.float32)
+    if not per_channel:
+        return np.asarray(np.max(np.abs(w)) if w.size else 0.0, dtype=np.float32), None
+    if axis is None:
+        raise ValueError("per-channel quantization needs the weight's channel axis")
+    axis = int(axis) % w.ndim
+    reduce = tuple(i for i in range(w.ndim) if i != axis)
+    return np.max(np.abs(w), axis=reduce).astype(np.float32), axis
+
+
+def _broadcast(values: np.ndarray, ndim: int, axis: int | None) -> np.ndarray:
+    """Reshapes per-channel ``values`` so they broadcast along ``axis`` of an ``ndim``-D tensor."""
+    values = np.asarray(values)
+    if axis is None or values.ndim == 0:
+        return values
+    shape = [1] * ndim
+    shape[int(axis) % ndim] = values.size
+    return values.reshape(shape)
+
+
+def quantize_weight(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 weight quantization (zero point 0, range [-127, 127]).
+
+    Args:
+        w: The float weight.
+        axis: The output-channel axis (may be negative); used when ``per_channel``.
+        per_channel: One scale per index of ``axis``; otherwise one scale for the whole tensor.
+
+    Returns:
+        ``(q, scales)``: the int8 weight and float32 scales (1-D per channel, 0-d per tensor).
+        All-zero channels get a scale of 1.0, so every scale is strictly positive.
+    """
+    w = np.asarray(w, dtype=np.float32)
+    amax, norm_axis = _channel_amax(w, axis, per_channel)
+    scales = _safe_scale(amax / np.float32(127.0))
+    q = np.clip(np.rint(w / _broadcast(scales, w.ndim, norm_axis)), -127, 127).astype(np.int8)
+    return q, scales
+
+
+def quantize_weight_fp8(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric FLOAT8E4M3FN weight quantization with scale ``amax / 448``.
+
+    Args:
+        w: The float weight.
+        axis: The output-channel axis (may be negative); used when ``per_channel``.
+        per_channel: One scale per index of ``axis``; otherwise one scale for the whole tensor.
+
+    Returns:
+        ``(q, scales)``: the weight as an ``ml_dtypes.float8_e4m3fn`` array and float32 scales.
+    """
+    w = np.asarray(w, dtype=np.float32)
+    amax, norm_axis = _channel_amax(w, axis, per_channel)
+    scales = _safe_scale(amax / np.float32(FP8_MAX))
+    scaled = np.clip(w / _broadcast(scales, w.ndim, norm_axis), -FP8_MAX, FP8_MAX)
+    return scaled.astype(ml_dtypes.float8_e4m3fn), scales
+
+
+def quantize_bias_int32(bias: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Quantizes a bias to int32 with ``scales`` (act_scale * weight_scales, zero point 0), saturating."""
+    lo, hi = _INT_RANGES["int32"]
+    scaled = np.asarray(bias, dtype=np.float64) / np.asarray(scales, dtype=np.float64)
+    return np.clip(np.rint(scaled), lo, hi).astype(np.int32)
+
+
+def fake_quant(
+    x: np.ndarray,
+    scale: np.ndarray | float,
+    zero_point: np.ndarray | int | float,
+    dtype: str,
+    axis: int | None = None,
+) -> np.ndarray:
+    """Numpy reference of ``QuantizeLinear`` then ``DequantizeLinear``.
+
+    Args:
+        x: Float input.
+        scale: Scalar or per-channel scale.
+        zero_point: Scalar or per-channel zero point (0 for symmetric and FP8).
+        dtype: ``"uint8"``, ``"int8"``, ``"int32"`` or ``"float8e4m3fn"``.
+        axis: The channel axis for per-channel ``scale`` (may be negative).
+
+    Returns:
+        The float32 result of quantizing and dequantizing ``x``, with saturation and round-half-to-even.
+
+    Raises:
+        ValueError: ``dtype`` is unknown.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    scale = _broadcast(np.asarray(scale, dtype=np.float32), x.ndim, axis)
+    if dtype in _FP8_DTYPES:
+        # ONNX saturate=1: clamp to the largest finite value, then round to nearest even in float8.
+        scaled = np.clip(x / scale, -FP8_MAX, FP8_MAX).astype(_FP8_DTYPES[dtype])
+        return (scaled.astype(np.float32) * scale).astype(np.float32)
+    if dtype not in _INT_RANGES:
+        raise ValueError(f"unknown quantized dtype {dtype!r}")
+    lo, hi = _INT_RANGES[dtype]
+    zp = _broadcast(np.asarray(zero_point, dtype=np.float64), x.ndim, axis)
+    # Divide in float32 like the ONNX reference; add the zero point in float64 so int32 values stay exact.
+    q = np.clip(np.rint(x / scale).astype(np.float64) + zp, lo, hi)
+    return ((q - zp) * scale.astype(np.float64)).astype(np.float32)

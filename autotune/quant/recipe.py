@@ -1,0 +1,42 @@
+"""Quantization recipes: how a backend wants INT8 written into the graph."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """How Q/DQ nodes are written for one backend.
+
+    Attributes:
+        activation_dtype: ``"uint8"`` (asymmetric, with a zero point) or ``"int8"`` (symmetric, zero point 0).
+        weight_dtype: Always ``"int8"``, symmetric with zero point 0.
+        quantize_matmul_output: Put Q/DQ on MatMul/Gemm outputs too. ORT CPU is faster without
+            (it fuses DQ-MatMul into MatMulIntegerToFloat); see measurements-cpu.md.
+        quantize_conv_output: Put Q/DQ on Conv outputs (ORT needs it to fuse QLinearConv).
+        fold_relu_into_output: When the quantized output feeds a single Relu, put the output Q/DQ after the Relu.
+        quantize_gemm_bias: Quantize a Gemm's bias to int32 (ORT then fuses QGemm with a float output;
+            with a float bias it runs DQ + float Gemm, losing accuracy for no speed).
+    """
+
+    activation_dtype: str = "uint8"
+    weight_dtype: str = "int8"
+    quantize_matmul_output: bool = False
+    quantize_conv_output: bool = True
+    fold_relu_into_output: bool = True
+    quantize_gemm_bias: bool = True
+
+    @property
+    def activation_symmetric(self) -> bool:
+        """Symmetric activations have a zero point of 0."""
+        return self.activation_dtype == "int8"
+
+
+ORT_X86 = QuantRecipe(activation_dtype="uint8")
+"""uint8 activations and int8 per-channel weights: the only INT8 recipe that is fast on x86 ORT (VNNI)."""
+
+TENSORRT = QuantRecipe(
+    activation_dtype="int8", quantize_conv_output=False, fold_relu_into_output=False, quantize_gemm_bias=False
+)
+"""TensorRT: symmetric int8 everywhere, zero points of 0; TensorRT fuses output Q/DQ itself."""

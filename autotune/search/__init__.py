@@ -1,0 +1,1 @@
+"""Search strategies and the pure decision logic they share."""

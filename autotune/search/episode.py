@@ -1,0 +1,178 @@
+"""One episode of plan construction: decisions, action masks, observations. Pure functions of the choices so far.
+
+An episode takes one step per decision: first each group of searchable layers picks a precision (graph order,
+as in HAQ), then each knob with more than one value picks a value. The Gymnasium env only sequences these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.plan import Plan
+from autotune.search.space import SearchSpace
+
+OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+_LAYER_FEATURES = len(OP_TYPES) + 5  # op one-hot, log MACs, log params, depth, runtime share, group size
+_CONTEXT_FEATURES = 4  # progress, fraction of layers quantized so far, fraction of MACs quantized so far, last choice
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step of an episode.
+
+    Attributes:
+        kind: ``layers`` (a group of layers) or ``knob``.
+        index: Group index in ``SearchSpace.groups``, or knob index in ``SearchSpace.knobs``.
+        options: Values the step may choose; the action is an index into this tuple.
+    """
+
+    kind: str
+    index: int
+    options: tuple
+
+
+def decisions(space: SearchSpace) -> list[Decision]:
+    """Every step of an episode, in order; knobs with a single value are not asked."""
+    steps = [Decision("layers", i, space.group_choices(group)) for i, group in enumerate(space.groups)]
+    steps += [Decision("knob", i, knob.values) for i, knob in enumerate(space.knobs) if len(knob.values) > 1]
+    return steps
+
+
+def action_count(steps: Sequence[Decision]) -> int:
+    """Size of the Discrete action space: the largest choice set."""
+    return max((len(step.options) for step in steps), default=1)
+
+
+def action_mask(steps: Sequence[Decision], step: int, n_actions: int) -> np.ndarray:
+    """Which actions are allowed at ``step``; all False once the episode is over."""
+    mask = np.zeros(n_actions, dtype=bool)
+    if step < len(steps):
+        mask[: len(steps[step].options)] = True
+    return mask
+
+
+def observation_size(space: SearchSpace, steps: Sequence[Decision]) -> int:
+    """Length of the observation vector."""
+    knob_steps = sum(step.kind == "knob" for step in steps)
+    return 2 + _LAYER_FEATURES + knob_steps + _CONTEXT_FEATURES + len(steps)
+
+
+def _layer_features(space: SearchSpace, group: Sequence[int]) -> np.ndarray:
+    layers = space.layers
+    max_macs = max(math.log1p(layer.macs) for layer in layers) or 1.0
+    max_params = max(math.log1p(layer.params) for layer in layers) or 1.0
+    max_depth = max(layer.depth for layer in layers) or 1
+    features = np.zeros(_LAYER_FEATURES, dtype=np.float32)
+    members = [layers[i] for i in group]
+    for layer in members:
+        if layer.op_type in OP_TYPES:
+            features[OP_TYPES.index(layer.op_type)] = 1.0
+    n = len(OP_TYPES)
+    features[n] = np.mean([math.log1p(layer.macs) for layer in members]) / max_macs
+    features[n + 1] = np.mean([math.log1p(layer.params) for layer in members]) / max_params
+    features[n + 2] = np.mean([layer.depth for layer in members]) / max_depth
+    features[n + 3] = min(1.0, sum(layer.runtime_share or 0.0 for layer in members))
+    features[n + 4] = len(members) / max(1, space.group_size)
+    return features
+
+
+def _quantized_fractions(space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int]) -> tuple[float, float]:
+    layers_done = quantized = 0
+    macs_total = sum(layer.macs for layer in space.layers) or 1
+    macs_quantized = 0
+    groups = space.groups
+    for step, action in zip(steps, chosen, strict=False):
+        if step.kind != "layers":
+            continue
+        for i in groups[step.index]:
+            layers_done += 1
+            if step.options[action] != "fp32":
+                quantized += 1
+                macs_quantized += space.layers[i].macs
+    return quantized / max(1, len(space.layers)), macs_quantized / macs_total
+
+
+def observe(space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int]) -> np.ndarray:
+    """The observation before step ``len(chosen)``: the current decision's features plus the context.
+
+    Every value lies in [0, 1].
+
+    Args:
+        space: The search space.
+        steps: ``decisions(space)``.
+        chosen: Actions taken so far.
+
+    Returns:
+        A float32 vector of ``observation_size(space, steps)`` values.
+    """
+    position = len(chosen)
+    knob_steps = [i for i, step in enumerate(steps) if step.kind == "knob"]
+    obs = np.zeros(observation_size(space, steps), dtype=np.float32)
+    offset = 2 + _LAYER_FEATURES
+    if position < len(steps):
+        current = steps[position]
+        if current.kind == "layers":
+            obs[0] = 1.0
+            obs[2:offset] = _layer_features(space, space.groups[current.index])
+        else:
+            obs[1] = 1.0
+            obs[offset + knob_steps.index(position)] = 1.0
+    offset += len(knob_steps)
+    fraction_layers, fraction_macs = _quantized_fractions(space, steps, chosen)
+    obs[offset] = position / max(1, len(steps))
+    obs[offset + 1] = fraction_layers
+    obs[offset + 2] = fraction_macs
+    if chosen:
+        obs[offset + 3] = (chosen[-1] + 1) / len(steps[position - 1].options)
+    offset += _CONTEXT_FEATURES
+    for i, action in enumerate(chosen):
+        obs[offset + i] = (action + 1) / len(steps[i].options)
+    return obs
+
+
+def plan_from_actions(space: SearchSpace, steps: Sequence[Decision], actions: Sequence[int]) -> Plan:
+    """The plan a complete episode chose.
+
+    Raises:
+        ValueError: Too few actions, or an action outside its step's options.
+    """
+    if len(actions) != len(steps):
+        raise ValueError(f"an episode has {len(steps)} steps, got {len(actions)} actions")
+    precisions: dict[str, str] = {}
+    knobs = {}
+    groups = space.groups
+    for step, action in zip(steps, actions, strict=True):
+        if not 0 <= action < len(step.options):
+            raise ValueError(f"action {action} outside the {len(step.options)} options of {step}")
+        value = step.options[action]
+        if step.kind == "layers":
+            for i in groups[step.index]:
+                precisions[space.layers[i].name] = value
+        else:
+            knobs[space.knobs[step.index].name] = value
+    return space.plan(precisions, knobs)
+
+
+def actions_from_plan(space: SearchSpace, steps: Sequence[Decision], plan: Plan) -> list[int]:
+    """The actions that produce ``plan`` (the first layer of each group decides the group).
+
+    Raises:
+        ValueError: The plan is not reachable in this space.
+    """
+    precisions, knobs = plan.precision_map, plan.knob_map
+    groups = space.groups
+    actions = []
+    for step in steps:
+        if step.kind == "layers":
+            value = precisions.get(space.layers[groups[step.index][0]].name, "fp32")
+        else:
+            knob = space.knobs[step.index]
+            value = knobs.get(knob.name, knob.default)
+        if value not in step.options:
+            raise ValueError(f"{value!r} is not an option of step {step}")
+        actions.append(step.options.index(value))
+    return actions

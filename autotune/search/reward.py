@@ -1,0 +1,33 @@
+"""The reward of a trial. Pure."""
+
+from __future__ import annotations
+
+import math
+
+from autotune.config import RewardConfig
+from autotune.trial import TrialResult
+
+
+def reward(result: TrialResult, config: RewardConfig, accuracy_budget: float) -> float:
+    """``log(t_ref / t_plan) - accuracy_penalty * max(0, drop - budget)``, or ``config.failure`` for a failed trial.
+
+    The latency term is scale-free (a log ratio to the FP32 reference timed in the same process), so the
+    reward needs no normalisation and machine drift cancels.
+
+    Args:
+        result: The trial.
+        config: Penalty weights.
+        accuracy_budget: Largest drop allowed without penalty, in the metric's units.
+
+    Returns:
+        The reward.
+    """
+    if not result.ok or result.speedup is None or result.accuracy_drop is None or result.speedup <= 0:
+        return config.failure
+    excess = max(0.0, result.accuracy_drop - accuracy_budget)
+    return math.log(result.speedup) - config.accuracy_penalty * excess
+
+
+def meets_budget(result: TrialResult, accuracy_budget: float) -> bool:
+    """The trial succeeded and its accuracy drop is within the budget."""
+    return result.ok and result.accuracy_drop is not None and result.accuracy_drop <= accuracy_budget

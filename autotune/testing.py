@@ -1,0 +1,145 @@
+"""Tiny models and configs for tests and examples, built with onnx.helper (as SB3 ships its test envs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from autotune.config import TuneConfig, parse_config
+
+
+def tiny_mlp(batch: int = 16, features: int = 32, hidden: int = 64, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+    """A 4-layer MLP (MatMul+Add, MatMul, MatMul, Gemm) whose second layer has an outlier weight column.
+
+    The outlier makes per-tensor INT8 weights visibly worse than per-channel, so searches have something to find.
+    """
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, shape: tuple[int, ...], scale: float = 1.0) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale / np.sqrt(shape[0])).astype(np.float32), name)
+
+    w2 = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
+    w2[:, 0] *= 40.0
+    initializers = [
+        weight("w1", (features, hidden)),
+        numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32) * 0.1, "b1"),
+        numpy_helper.from_array(w2, "w2"),
+        weight("w3", (hidden, hidden)),
+        weight("w4", (classes, hidden)),
+        numpy_helper.from_array(np.zeros(classes, np.float32), "b4"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+        helper.make_node("Add", ["h1", "b1"], ["h1b"], name="fc1_bias"),
+        helper.make_node("Relu", ["h1b"], ["a1"], name="relu1"),
+        helper.make_node("MatMul", ["a1", "w2"], ["h2"], name="fc2"),
+        helper.make_node("Relu", ["h2"], ["a2"], name="relu2"),
+        helper.make_node("MatMul", ["a2", "w3"], ["h3"], name="fc3"),
+        helper.make_node("Add", ["h3", "a2"], ["r3"], name="residual"),
+        helper.make_node("Relu", ["r3"], ["a3"], name="relu3"),
+        helper.make_node("Gemm", ["a3", "w4", "b4"], ["logits"], name="head", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _forward(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def write_tiny_project(root: Path, batch: int = 16, features: int = 32, seed: int = 0) -> dict[str, Path]:
+    """Writes the tiny MLP and labelled calibration / evaluation / holdout data into ``root``.
+
+    Labels are the FP32 model's own predictions on clean inputs, scored on noisy inputs, so the reference
+    accuracy is below 1 and quantization can move it.
+
+    Returns:
+        Paths of ``model``, ``calibration``, ``evaluation`` and ``holdout``.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    model = tiny_mlp(batch=batch, features=features, seed=seed)
+    paths = {"model": root / "tiny.onnx"}
+    onnx.save(model, str(paths["model"]))
+    rng = np.random.default_rng(seed + 1)
+    for split, samples in (("calibration", 4 * batch), ("evaluation", 8 * batch), ("holdout", 8 * batch)):
+        clean = rng.standard_normal((samples, features)).astype(np.float32)
+        labels = _forward(model, clean).argmax(axis=1).astype(np.int64)
+        noisy = (clean + 0.3 * rng.standard_normal(clean.shape)).astype(np.float32)
+        paths[split] = root / f"{split}.npz"
+        np.savez(paths[split], x=noisy, labels=labels)
+    return paths
+
+
+def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
+    """A config for the tiny project in ``root`` (written if missing); ``overrides`` replace top-level sections."""
+    if not (root / "tiny.onnx").exists():
+        write_tiny_project(root)
+    data: dict[str, Any] = {
+        "name": name,
+        "model": {"onnx": str(root / "tiny.onnx")},
+        "inputs": [{"name": "x", "shape": [16, 32], "dtype": "float32"}],
+        "data": {
+            "calibration": {"npz": str(root / "calibration.npz")},
+            "evaluation": {"npz": str(root / "evaluation.npz")},
+            "holdout": {"npz": str(root / "holdout.npz")},
+        },
+        "metric": {"name": "top1"},
+        "measure": {"warmup": 1, "repeats": 3, "rounds": 1},
+        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1},
+        "accuracy_budget": 0.02,
+        "budget": {"builds": 10},
+        "runs_dir": str(root / "runs"),
+        "cache_dir": str(root / "cache"),
+        "backend": {"timeout_s": 120},
+    }
+    data.update(overrides)
+    return parse_config(data, "tiny_config")
+
+
+def synthetic_evaluator(space: Any, seed: int = 0, fail_knob: tuple[str, Any] | None = None):
+    """A fake evaluator with additive per-layer savings and drops, for env and strategy tests without builds.
+
+    Args:
+        space: The ``SearchSpace``.
+        seed: Seed of the per-layer savings and sensitivities.
+        fail_knob: ``(knob, value)`` whose plans fail to build, to exercise the failure path.
+
+    Returns:
+        ``evaluate(plan) -> TrialResult`` with an attribute ``calls`` counting evaluations.
+    """
+    from autotune.trial import TrialResult
+
+    rng = np.random.default_rng(seed)
+    savings = dict(zip(space.layer_names, rng.uniform(0.02, 0.2, len(space.layer_names)), strict=True))
+    drops = dict(zip(space.layer_names, rng.exponential(0.004, len(space.layer_names)), strict=True))
+
+    def evaluate(plan):
+        evaluate.calls += 1
+        if fail_knob is not None and plan.knob(fail_knob[0]) == fail_knob[1]:
+            return TrialResult.failure(plan, "BuildError: synthetic failure")
+        quantized = [name for name, p in plan.precisions if p != "fp32"]
+        latency = 10.0 * max(0.2, 1.0 - sum(savings[n] for n in quantized) / max(1.0, len(savings) / 3))
+        drop = float(sum(drops[n] for n in quantized))
+        return TrialResult(
+            plan=plan, latency_ms=latency, reference_latency_ms=10.0, speedup=10.0 / latency,
+            accuracy=1.0 - drop, reference_accuracy=1.0, accuracy_drop=drop, build_s=0.01,
+        )
+
+    evaluate.calls = 0
+    return evaluate

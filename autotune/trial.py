@@ -1,0 +1,90 @@
+"""The result of one trial: a value, whether the build worked or not."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.plan import Plan
+
+OK = "ok"
+FAILED = "failed"
+TIMEOUT = "timeout"
+
+
+@dataclass
+class TrialResult:
+    """Everything measured for one plan.
+
+    Attributes:
+        plan: The plan.
+        status: ``ok``, ``failed`` (build, run or metric error; crash) or ``timeout``.
+        error: What went wrong, for failed trials.
+        latency_ms: Median latency of the plan.
+        latency_iqr_ms: Its interquartile range.
+        reference_latency_ms: Median latency of the FP32 reference timed interleaved in the same process.
+        reference_latency_iqr_ms: Its interquartile range.
+        speedup: ``reference_latency_ms / latency_ms``.
+        accuracy: The configured metric on the plan's outputs.
+        reference_accuracy: The same metric for the FP32 reference.
+        accuracy_drop: ``reference_accuracy - accuracy``, in the metric's units.
+        fidelity: Cosine, top-1 agreement and SNR against the FP32 outputs.
+        build_s: Seconds to rewrite and build.
+        total_s: Seconds for the whole trial.
+        protocol: The latency protocol used.
+        split: The data the accuracy was measured on.
+        artifact: Path of the built model, when it was kept.
+        created_at: Unix time of the measurement.
+        from_store: True when the store answered and nothing was built (not persisted).
+    """
+
+    plan: Plan
+    status: str = OK
+    error: str | None = None
+    latency_ms: float | None = None
+    latency_iqr_ms: float | None = None
+    reference_latency_ms: float | None = None
+    reference_latency_iqr_ms: float | None = None
+    speedup: float | None = None
+    accuracy: float | None = None
+    reference_accuracy: float | None = None
+    accuracy_drop: float | None = None
+    fidelity: dict[str, float] = field(default_factory=dict)
+    build_s: float = 0.0
+    total_s: float = 0.0
+    protocol: dict[str, int] = field(default_factory=dict)
+    split: str = "evaluation"
+    artifact: str | None = None
+    created_at: float = field(default_factory=time.time)
+    from_store: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """The plan built, ran and was scored."""
+        return self.status == OK
+
+    @property
+    def plan_hash(self) -> str:
+        """The store key."""
+        return self.plan.hash
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (without ``from_store``)."""
+        data = asdict(self)
+        data["plan"] = self.plan.to_dict()
+        data["plan_hash"] = self.plan_hash
+        data.pop("from_store")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        """Reads ``to_dict`` output."""
+        fields = {k: v for k, v in data.items() if k not in ("plan_hash", "from_store")}
+        fields["plan"] = Plan.from_dict(data["plan"])
+        return cls(**fields)
+
+    @classmethod
+    def failure(cls, plan: Plan, error: str, status: str = FAILED, **extra: Any) -> TrialResult:
+        """A failed trial: the search records it and goes on."""
+        return cls(plan=plan, status=status, error=error, **extra)

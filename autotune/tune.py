@@ -1,0 +1,172 @@
+"""A tuning run from start to export: search, confirm the finalists on held-out data, export the winner."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.api import analyze
+from autotune.config import ConfigError, TuneConfig
+from autotune.evaluate import Evaluator
+from autotune.monitor import RunMonitor
+from autotune.plan import Plan
+from autotune.rundir import RunDir, write_json
+from autotune.search.reward import meets_budget, reward
+from autotune.search.space import SearchSpace
+from autotune.store import TrialStore
+from autotune.trial import TrialResult
+
+
+def finalists(store: TrialStore, config: TuneConfig) -> list[Plan]:
+    """The ``confirm.top_k`` best distinct successful plans by search reward."""
+    ok = [r for r in store.trials() if r.ok]
+    ok.sort(key=lambda r: reward(r, config.reward, config.accuracy_budget), reverse=True)
+    return [r.plan for r in ok[: config.confirm.top_k]]
+
+
+def ranking(confirmed: list[TrialResult], accuracy_budget: float) -> list[TrialResult]:
+    """Confirmed plans, best first: within budget by speedup, then the rest by drop."""
+    within = sorted((r for r in confirmed if meets_budget(r, accuracy_budget)), key=lambda r: -(r.speedup or 0))
+    others = sorted(
+        (r for r in confirmed if not meets_budget(r, accuracy_budget)),
+        key=lambda r: (not r.ok, r.accuracy_drop if r.accuracy_drop is not None else float("inf")),
+    )
+    return within + others
+
+
+def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[TrialResult]:
+    """Confirms each plan once per run (a resumed run reuses earlier confirmations)."""
+    done = store.confirmations()
+    return [done[plan.hash] if plan.hash in done else evaluator.confirm(plan) for plan in plans]
+
+
+def export_ranked(
+    run: RunDir, config: TuneConfig, evaluator: Evaluator, store: TrialStore, rank: int = 1, out_dir: Path | None = None
+) -> dict[str, Any]:
+    """Writes the plan of a given confirmation rank: deployable model, ``plan.json`` and ``summary.json``.
+
+    Raises:
+        ConfigError: No confirmed plan has that rank.
+    """
+    confirmed = ranking(list(store.confirmations().values()), config.accuracy_budget)
+    within = [r for r in confirmed if meets_budget(r, config.accuracy_budget)]
+    if not 1 <= rank <= len(within):
+        raise ConfigError(f"rank {rank} does not exist: {len(within)} confirmed plans meet the accuracy budget")
+    chosen = within[rank - 1]
+    out_dir = out_dir or run.best
+    files = evaluator.export(chosen.plan, out_dir)
+    write_json(out_dir / "plan.json", chosen.plan.to_dict())
+    reference = store.confirmations().get(str(store.get_meta("fp32_plan_hash", "")))
+    summary = {
+        "rank": rank,
+        "plan_hash": chosen.plan.hash,
+        "plan": chosen.plan.describe(),
+        "files": files,
+        "winner": _metrics(chosen),
+        "fp32_reference": _metrics(reference) if reference else None,
+        "accuracy_budget": config.accuracy_budget,
+        "metric": config.metric.name,
+        "builds": len(store),
+        "cache_hits": int(store.get_meta("cache_hits", 0)),
+        "wall_s": float(store.get_meta("wall_s", 0.0)),
+    }
+    write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def _metrics(result: TrialResult) -> dict[str, Any]:
+    return {
+        "split": result.split,
+        "speedup": result.speedup,
+        "latency_ms": result.latency_ms,
+        "latency_iqr_ms": result.latency_iqr_ms,
+        "reference_latency_ms": result.reference_latency_ms,
+        "accuracy": result.accuracy,
+        "reference_accuracy": result.reference_accuracy,
+        "accuracy_drop": result.accuracy_drop,
+        "fidelity": result.fidelity,
+        "protocol": result.protocol,
+    }
+
+
+def run_search(
+    config: TuneConfig, space: SearchSpace, evaluate: Any, evaluator: Evaluator, run: RunDir, monitor: RunMonitor,
+    strategy: str, resume: bool,
+) -> None:
+    """Runs one search strategy until the build budget is spent."""
+    if strategy == "ppo":
+        from autotune.search.ppo import train
+
+        train(config, space, evaluate, lambda: evaluator.builds, run.tensorboard, run.checkpoints, resume=resume)
+    else:
+        raise ConfigError(f"unknown strategy {strategy!r}")
+
+
+def tune(
+    config: TuneConfig | None = None,
+    *,
+    resume_dir: Path | None = None,
+    strategy: str = "ppo",
+    isolate: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """A whole tuning run, or the rest of an interrupted one.
+
+    Args:
+        config: The run's config (not needed with ``resume_dir``).
+        resume_dir: A run directory to continue; its trials are reused, none is measured twice.
+        strategy: ``ppo``.
+        isolate: Run trials in a child process.
+        progress: Show a progress bar.
+
+    Returns:
+        The summary written to ``summary.json``.
+    """
+    if resume_dir is not None:
+        run, config = RunDir.open(resume_dir)
+    else:
+        assert config is not None
+        run = RunDir.create(config)
+    started = time.time()
+    _, space = analyze(config)
+    with TrialStore(run.store) as store:
+        wall_before = float(store.get_meta("wall_s", 0.0))
+        monitor = RunMonitor(config, run.tensorboard, builds_done=len(store), progress=progress)
+        monitor.seed(list(store.trials()))
+        try:
+            with Evaluator(config, store, isolate=isolate) as evaluator:
+
+                def evaluate(plan: Plan) -> TrialResult:
+                    result = evaluator.evaluate(plan)
+                    monitor.record(result)
+                    store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
+                    return result
+
+                if evaluator.builds < config.budget.builds:
+                    run_search(config, space, evaluate, evaluator, run, monitor, strategy, resume_dir is not None)
+                store.set_meta("wall_s", wall_before + time.time() - started)
+                plans = finalists(store, config)
+                fp32 = space.uniform("fp32")
+                store.set_meta("fp32_plan_hash", fp32.hash)
+                confirmed = confirm(evaluator, store, [*plans, fp32])
+                ranked = ranking(confirmed, config.accuracy_budget)
+                summary = export_ranked(run, config, evaluator, store)
+                summary["ranking"] = [
+                    {"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in ranked
+                ]
+                winner = next(r.plan for r in ranked if r.plan.hash == summary["plan_hash"])
+                monitor.text("winner", _winner_markdown(summary, space, winner))
+        finally:
+            monitor.close()
+    write_json(run.summary, summary)
+    return summary
+
+
+def _winner_markdown(summary: dict[str, Any], space: SearchSpace, winner: Plan) -> str:
+    lines = ["| layer | op | precision |", "|---|---|---|"]
+    precisions = winner.precision_map
+    lines += [f"| {layer.name} | {layer.op_type} | {precisions.get(layer.name)} |" for layer in space.layers]
+    head = (f"winner: {summary['winner']['speedup']:.2f}x, drop {summary['winner']['accuracy_drop']:.4g} "
+            f"on held-out data; knobs: {winner.knob_map}")
+    return head + "\n\n" + "\n".join(lines)

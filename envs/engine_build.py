@@ -1,0 +1,103 @@
+"""EngineBuild: each episode chooses a plan step by step and ends in a real build.
+
+A thin shell: decisions, masks, observations and reward are the pure functions of ``autotune.search``;
+this class only sequences them and calls the evaluator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from autotune.config import RewardConfig
+from autotune.plan import Plan
+from autotune.search.episode import action_count, action_mask, decisions, observation_size, observe, plan_from_actions
+from autotune.search.reward import reward
+from autotune.search.space import SearchSpace
+from autotune.trial import TrialResult
+
+
+class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
+    """Sequential plan construction with action masks and a sparse reward.
+
+    Args:
+        space: What may be chosen.
+        evaluate: Plan to trial result (the ``Evaluator``: store first, then a real build).
+        reward_config: Penalty weights.
+        accuracy_budget: Drop allowed without penalty.
+        render_mode: ``"ansi"`` or None.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        evaluate: Callable[[Plan], TrialResult],
+        reward_config: RewardConfig | None = None,
+        accuracy_budget: float = 0.01,
+        render_mode: str | None = None,
+    ):
+        self.space = space
+        self.evaluate = evaluate
+        self.reward_config = reward_config or RewardConfig()
+        self.accuracy_budget = accuracy_budget
+        self.render_mode = render_mode
+        self.steps = decisions(space)
+        if not self.steps:
+            raise ValueError("the search space has nothing to decide: every layer is fixed and every knob has one value")
+        self.n_actions = action_count(self.steps)
+        self.action_space = gym.spaces.Discrete(self.n_actions)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (observation_size(space, self.steps),), np.float32)
+        self._chosen: list[int] = []
+        self.last_result: TrialResult | None = None
+
+    def action_masks(self) -> np.ndarray:
+        """Allowed actions now (sb3-contrib's MaskablePPO calls this)."""
+        return action_mask(self.steps, len(self._chosen), self.n_actions)
+
+    def _info(self) -> dict[str, Any]:
+        return {"action_mask": self.action_masks().astype(np.int8)}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        """Starts a new plan."""
+        super().reset(seed=seed)
+        self._chosen = []
+        return observe(self.space, self.steps, self._chosen), self._info()
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Takes one decision; the last one builds and measures the plan."""
+        if len(self._chosen) >= len(self.steps):
+            raise RuntimeError("the episode is over: call reset()")
+        # MaskablePPO never sends a masked action; unmasked samplers (env checkers) may, so fold it into range.
+        self._chosen.append(int(action) % len(self.steps[len(self._chosen)].options))
+        if len(self._chosen) < len(self.steps):
+            return observe(self.space, self.steps, self._chosen), 0.0, False, False, self._info()
+        plan = plan_from_actions(self.space, self.steps, self._chosen)
+        result = self.evaluate(plan)
+        self.last_result = result
+        value = reward(result, self.reward_config, self.accuracy_budget)
+        info = self._info()
+        info.update(
+            plan_hash=plan.hash,
+            status=result.status,
+            error=result.error,
+            speedup=result.speedup,
+            latency_ms=result.latency_ms,
+            accuracy=result.accuracy,
+            accuracy_drop=result.accuracy_drop,
+            build_s=result.build_s,
+            from_store=result.from_store,
+            is_success=bool(result.ok and (result.accuracy_drop or 0.0) <= self.accuracy_budget),
+        )
+        return observe(self.space, self.steps, self._chosen), float(value), True, False, info
+
+    def render(self) -> str | None:
+        """The choices so far, as text."""
+        if self.render_mode != "ansi":
+            return None
+        parts = [f"{step.kind}[{step.index}]={step.options[a]}" for step, a in zip(self.steps, self._chosen, strict=False)]
+        return " ".join(parts) or "(no decision yet)"

@@ -1,0 +1,103 @@
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import envs
+from autotune.backends.onnxruntime import OnnxRuntimeCPU
+from autotune.config import RewardConfig, SearchSpaceConfig
+from autotune.model import InputSpec, prepare_model
+from autotune.search.episode import plan_from_actions
+from autotune.search.space import build_space
+from autotune.testing import synthetic_evaluator, tiny_mlp
+from envs.engine_build import EngineBuildEnv
+
+
+@pytest.fixture()
+def space():
+    model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
+    return build_space(model.layers, OnnxRuntimeCPU().capabilities(), SearchSpaceConfig())
+
+
+def test_registered_as_nondeterministic():
+    spec = gym.spec(envs.ENGINE_BUILD_ID)
+    assert spec.nondeterministic is True
+    assert spec.entry_point == "envs.engine_build:EngineBuildEnv"
+
+
+def test_gymnasium_env_checker_passes(space):
+    env = gym.make(envs.ENGINE_BUILD_ID, space=space, evaluate=synthetic_evaluator(space))
+    gym_check_env(env.unwrapped)
+
+
+def test_sb3_env_checker_passes(space):
+    sb3_check_env(EngineBuildEnv(space, synthetic_evaluator(space)), warn=True)
+
+
+def test_episode_builds_once_at_the_end_with_the_chosen_plan(space):
+    evaluate = synthetic_evaluator(space)
+    env = EngineBuildEnv(space, evaluate, RewardConfig(accuracy_penalty=0.0), accuracy_budget=1.0)
+    obs, info = env.reset(seed=0)
+    assert info["action_mask"].dtype == np.int8
+    actions, rewards = [], []
+    terminated = False
+    while not terminated:
+        mask = env.action_masks()
+        action = int(np.flatnonzero(mask)[-1])  # the last allowed option: int8 for layers
+        actions.append(action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        rewards.append(reward)
+        assert not truncated
+        assert env.observation_space.contains(obs)
+    assert evaluate.calls == 1
+    assert all(r == 0.0 for r in rewards[:-1])
+    plan = plan_from_actions(space, env.steps, actions)
+    assert info["plan_hash"] == plan.hash
+    assert set(plan.precision_map.values()) == {"int8"}
+    assert rewards[-1] == pytest.approx(np.log(info["speedup"]))
+    with pytest.raises(RuntimeError):
+        env.step(0)
+
+
+def test_masks_follow_the_step_options(space):
+    env = EngineBuildEnv(space, synthetic_evaluator(space))
+    env.reset(seed=0)
+    for step in env.steps:
+        mask = env.action_masks()
+        assert mask.sum() == len(step.options)
+        env.step(0)
+    assert env.action_masks().sum() == 0
+
+
+def test_failed_build_gets_the_failure_reward_and_is_reported(space):
+    evaluate = synthetic_evaluator(space, fail_knob=("graph_optimization_level", "basic"))
+    env = EngineBuildEnv(space, evaluate, RewardConfig(failure=-3.0))
+    env.reset(seed=0)
+    basic = None
+    for step in env.steps:
+        if step.kind == "knob" and "basic" in step.options:
+            basic = step.options.index("basic")
+        info = env.step(basic if basic is not None and step.kind == "knob" and "basic" in step.options else 0)[4]
+    assert info["status"] == "failed"
+    assert "synthetic failure" in info["error"]
+    # the final reward of that episode
+    env.reset()
+    rewards = []
+    for step in env.steps:
+        action = step.options.index("basic") if "basic" in step.options else 0
+        rewards.append(env.step(action)[1])
+    assert rewards[-1] == -3.0
+
+
+def test_masked_ppo_trains_on_the_synthetic_evaluator(space):
+    from sb3_contrib import MaskablePPO
+
+    env = EngineBuildEnv(space, synthetic_evaluator(space), RewardConfig(accuracy_penalty=10.0), accuracy_budget=0.01)
+    model = MaskablePPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=2, seed=0, device="cpu")
+    model.learn(256)
+    obs, _ = env.reset()
+    action, _ = model.predict(obs, action_masks=env.action_masks(), deterministic=True)
+    assert env.action_masks()[int(action)]

@@ -1,0 +1,127 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from autotune.config import ConfigError, dump_config, load_config
+from autotune.store import TrialStore
+from autotune.testing import tiny_config
+from autotune.tune import tune
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _scalar_tags(tb_dir: Path) -> set[str]:
+    tags = set()
+    for event_file in tb_dir.glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(event_file), size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"]) | set(accumulator.Tags()["tensors"])
+    return tags
+
+
+def test_short_run_trains_logs_confirms_and_exports(tmp_path):
+    config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 4, "checkpoint_every_builds": 10})
+    summary = tune(config, isolate=False, progress=False)
+    run_dir = config.run_dir
+
+    with TrialStore(run_dir / "trials.sqlite") as store:
+        assert len(store) == 24
+        assert set(store.measure_counts().values()) == {1}
+        confirmations = store.confirmations()
+    assert summary["builds"] == 24
+    assert summary["plan_hash"] in confirmations
+    assert summary["winner"]["split"] == "holdout"
+    assert summary["winner"]["accuracy_drop"] <= config.accuracy_budget
+
+    tags = _scalar_tags(run_dir / "tb")
+    for tag in ("trial/reward", "trial/speedup", "trial/latency_ratio", "trial/latency_ms", "trial/accuracy",
+                "trial/accuracy_drop", "trial/build_s", "trial/cache_hit", "best/reward", "best/speedup",
+                "best/accuracy_drop", "train/entropy_loss", "train/value_loss", "train/explained_variance"):
+        assert tag in tags, tag
+    assert list((run_dir / "checkpoints").glob("ppo_*_builds.zip"))
+    assert (run_dir / "checkpoints" / "latest.zip").exists()
+    assert (run_dir / "config.yaml").exists() and (run_dir / "summary.json").exists()
+
+    best = run_dir / "best"
+    plan = json.loads((best / "plan.json").read_text())
+    assert set(plan["precisions"]) == {"fc1", "fc2", "fc3", "head"}
+    session = ort.InferenceSession(str(best / "model.onnx"), providers=["CPUExecutionProvider"])
+    holdout = np.load(tmp_path / "holdout.npz")
+    predictions = np.concatenate([
+        session.run(None, {"x": holdout["x"][i : i + 16]})[0].argmax(axis=1) for i in range(0, len(holdout["x"]), 16)
+    ])
+    accuracy = float(np.mean(predictions == holdout["labels"]))
+    assert accuracy == pytest.approx(summary["winner"]["accuracy"], abs=1e-9)
+
+
+def test_a_second_run_with_the_same_name_is_refused(tmp_path):
+    config = tiny_config(tmp_path, budget={"builds": 3}, ppo={"episodes_per_update": 2})
+    tune(config, isolate=False, progress=False)
+    with pytest.raises(ConfigError, match="autotune resume"):
+        tune(config, isolate=False, progress=False)
+
+
+def _wait_for_trials(store_path: Path, count: int, process: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()
+        if store_path.exists():
+            with TrialStore(store_path) as store:
+                if len(store) >= count:
+                    return
+        time.sleep(0.05)
+    raise AssertionError("the run did not reach the trial count in time")
+
+
+def test_sigkill_then_resume_loses_no_trial_and_measures_none_twice(tmp_path):
+    config = tiny_config(tmp_path, budget={"builds": 30}, ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5})
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(dump_config(config))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "tune", str(config_path), "--no-progress"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    store_path = config.run_dir / "trials.sqlite"
+    try:
+        _wait_for_trials(store_path, 12, process)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    with TrialStore(store_path) as store:
+        before = {r.plan_hash: r.to_dict() for r in store.trials()}
+    assert 12 <= len(before) < 30
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "autotune", "resume", str(config.run_dir), "--no-progress"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    with TrialStore(store_path) as store:
+        after = {r.plan_hash: r.to_dict() for r in store.trials()}
+        counts = store.measure_counts()
+    assert len(after) == 30
+    for plan_hash, result in before.items():
+        assert after[plan_hash] == result
+    assert set(counts.values()) == {1}
+    assert "winner" in resumed.stdout
+
+
+def test_resume_of_a_missing_run_names_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match="not a run directory"):
+        tune(resume_dir=tmp_path / "nope", isolate=False, progress=False)
+
+
+def test_config_round_trips_through_the_run_directory(tmp_path):
+    config = tiny_config(tmp_path, budget={"builds": 2}, ppo={"episodes_per_update": 2})
+    tune(config, isolate=False, progress=False)
+    assert load_config(config.run_dir / "config.yaml") == config
