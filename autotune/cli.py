@@ -14,7 +14,9 @@ from autotune.config import ConfigError, load_config
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML config (see configs/)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. budget.builds=20")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. budget.builds=20"
+    )
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -24,14 +26,18 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{model.path}: {len(rows)} tunable layers, {len(space.searchable)} searched; knobs: "
-          + ", ".join(f"{k.name}={list(k.values)}" for k in space.knobs))
+    print(
+        f"{model.path}: {len(rows)} tunable layers, {len(space.searchable)} searched; knobs: "
+        + ", ".join(f"{k.name}={list(k.values)}" for k in space.knobs)
+    )
     header = f"{'#':>3} {'op':<8} {'MMACs':>9} {'params':>9} {'depth':>5} {'FP32 %':>7}  {'choices':<12} name"
     print(header)
     for row in rows:
         share = f"{100 * row['runtime_share']:.1f}" if row["runtime_share"] is not None else "-"
-        print(f"{row['index']:>3} {row['op_type']:<8} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
-              f"{share:>7}  {'/'.join(row['choices']):<12} {row['name']}")
+        print(
+            f"{row['index']:>3} {row['op_type']:<8} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
+            f"{share:>7}  {'/'.join(row['choices']):<12} {row['name']}"
+        )
     return 0
 
 
@@ -48,10 +54,14 @@ def _print_summary(summary: dict) -> None:
     print(f"{'':<10} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}   (held-out data, confirmed)")
     for label, row in (("fp32", reference), ("winner", winner)):
         if row:
-            print(f"{label:<10} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
-                  f"{row['accuracy_drop']:>9.4g}")
-    print(f"accuracy budget {summary['accuracy_budget']} ({summary['metric']}); builds {summary['builds']}, "
-          f"store hits {summary['cache_hits']}; exported: {', '.join(summary['files'])}")
+            print(
+                f"{label:<10} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
+                f"{row['accuracy_drop']:>9.4g}"
+            )
+    print(
+        f"accuracy budget {summary['accuracy_budget']} ({summary['metric']}); builds {summary['builds']}, "
+        f"store hits {summary['cache_hits']}; exported: {', '.join(summary['files'])}"
+    )
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -80,7 +90,9 @@ def _export(args: argparse.Namespace) -> int:
 
     run, config = RunDir.open(args.run_dir)
     with TrialStore(run.store) as store, Evaluator(config, store) as evaluator:
-        summary = export_ranked(run, config, evaluator, store, rank=args.rank, out_dir=Path(args.out) if args.out else None)
+        summary = export_ranked(
+            run, config, evaluator, store, rank=args.rank, out_dir=Path(args.out) if args.out else None
+        )
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -296,7 +296,9 @@ def parse_config(data: Any, source: str = "<dict>") -> TuneConfig:
         ConfigError: With every bad key path and what is allowed.
     """
     if not isinstance(data, dict):
-        raise ConfigError(f"invalid config {source}: the top level must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(
+            f"invalid config {source}: the top level must be a mapping of keys, got {type(data).__name__}"
+        )
     try:
         return TuneConfig.model_validate(data)
     except ValidationError as error:

@@ -149,9 +149,7 @@ def validate_dataset(dataset: Dataset, inputs: Sequence[InputSpec]) -> None:
     expected = {spec.name: spec for spec in inputs}
     for index, batch in enumerate(dataset.batches):
         if set(batch) != set(expected):
-            raise DataError(
-                f"{what} batch {index} has inputs {sorted(batch)}, the model takes {sorted(expected)}"
-            )
+            raise DataError(f"{what} batch {index} has inputs {sorted(batch)}, the model takes {sorted(expected)}")
         for name, array in batch.items():
             spec = expected[name]
             if tuple(array.shape) != spec.shape:
@@ -160,9 +158,7 @@ def validate_dataset(dataset: Dataset, inputs: Sequence[InputSpec]) -> None:
                     f"got {list(array.shape)} (fix the data, or inputs[].shape in the config)"
                 )
             if array.dtype != np.dtype(spec.dtype):
-                raise DataError(
-                    f"{what} batch {index}, input {name!r}: expected dtype {spec.dtype}, got {array.dtype}"
-                )
+                raise DataError(f"{what} batch {index}, input {name!r}: expected dtype {spec.dtype}, got {array.dtype}")
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise DataError(f"{what} batch {index}, input {name!r} contains NaN or Inf")
         if dataset.labels is not None:
@@ -170,5 +166,6 @@ def validate_dataset(dataset: Dataset, inputs: Sequence[InputSpec]) -> None:
             batch_size = next(iter(batch.values())).shape[0]
             if labels.shape[:1] != (batch_size,):
                 raise DataError(
-                    f"{what} batch {index}: expected {batch_size} labels (one per sample), got shape {list(labels.shape)}"
+                    f"{what} batch {index}: expected {batch_size} labels (one per sample), "
+                    f"got shape {list(labels.shape)}"
                 )

@@ -117,9 +117,7 @@ class TrialRunner:
         except BuildError as error:
             raise SetupError(f"the FP32 model does not build on {self.backend.name}: {error}") from error
         self.reference_outputs = {split: self._outputs(self.reference, data) for split, data in self.datasets.items()}
-        self.reference_accuracy = {
-            split: self._score(self.reference_outputs[split], split) for split in self.datasets
-        }
+        self.reference_accuracy = {split: self._score(self.reference_outputs[split], split) for split in self.datasets}
 
     def _output_index(self) -> int:
         wanted = self.config.metric.output
@@ -131,10 +129,17 @@ class TrialRunner:
 
     def _calibrate(self, data: Dataset) -> Calibration:
         tensors = required_ranges(self.model.layers, self.backend.recipe, self.model.proto)
-        settings = CalibrationSettings(percentile=self.config.calibration.percentile, num_bins=self.config.calibration.num_bins)
+        settings = CalibrationSettings(
+            percentile=self.config.calibration.percentile, num_bins=self.config.calibration.num_bins
+        )
         try:
             return calibrate(
-                self.model.proto, tensors, data.batches, self.config.cache_dir / "calibration", self.model.hash, settings
+                self.model.proto,
+                tensors,
+                data.batches,
+                self.config.cache_dir / "calibration",
+                self.model.hash,
+                settings,
             )
         except ValueError as error:
             raise SetupError(f"calibration failed: {error}") from error

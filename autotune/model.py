@@ -117,7 +117,7 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"{path} is not a readable ONNX model ({error}); re-export it") from error
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-    except (FileNotFoundError, OSError, onnx.checker.ValidationError) as error:
+    except (OSError, ValueError, onnx.checker.ValidationError) as error:  # missing, or shorter than recorded
         raise ModelError(
             f"{path}: external weights are missing ({error}); keep the .data file next to the model"
         ) from error

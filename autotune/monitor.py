@@ -62,14 +62,16 @@ class RunMonitor:
             "trial/failed": float(not result.ok),
         }
         if result.ok:
-            scalars.update({
-                "trial/speedup": result.speedup,
-                "trial/latency_ratio": 1.0 / result.speedup,
-                "trial/latency_ms": result.latency_ms,
-                "trial/accuracy": result.accuracy,
-                "trial/accuracy_drop": result.accuracy_drop,
-                "trial/within_budget": float(meets_budget(result, self.config.accuracy_budget)),
-            })
+            scalars.update(
+                {
+                    "trial/speedup": result.speedup,
+                    "trial/latency_ratio": 1.0 / result.speedup,
+                    "trial/latency_ms": result.latency_ms,
+                    "trial/accuracy": result.accuracy,
+                    "trial/accuracy_drop": result.accuracy_drop,
+                    "trial/within_budget": float(meets_budget(result, self.config.accuracy_budget)),
+                }
+            )
         if not result.from_store:
             self.builds += 1
             scalars["trial/build_s"] = result.build_s

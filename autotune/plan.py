@@ -94,7 +94,7 @@ class Plan:
 
     def to_json(self, indent: int | None = None) -> str:
         """Canonical JSON: the same plan always gives the same text."""
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=indent is not None)
+        return json.dumps(self.to_dict(), indent=indent)  # knobs are sorted already; layers keep table order
 
     @classmethod
     def from_json(cls, text: str) -> Plan:

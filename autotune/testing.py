@@ -12,7 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 from autotune.config import TuneConfig, parse_config
 
 
-def tiny_mlp(batch: int = 16, features: int = 32, hidden: int = 64, classes: int = 10, seed: int = 0) -> onnx.ModelProto:
+def tiny_mlp(
+    batch: int = 16, features: int = 32, hidden: int = 64, classes: int = 10, seed: int = 0
+) -> onnx.ModelProto:
     """A 4-layer MLP (MatMul+Add, MatMul, MatMul, Gemm) whose second layer has an outlier weight column.
 
     The outlier makes per-tensor INT8 weights visibly worse than per-channel, so searches have something to find.
@@ -20,7 +22,9 @@ def tiny_mlp(batch: int = 16, features: int = 32, hidden: int = 64, classes: int
     rng = np.random.default_rng(seed)
 
     def weight(name: str, shape: tuple[int, ...], scale: float = 1.0) -> onnx.TensorProto:
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale / np.sqrt(shape[0])).astype(np.float32), name)
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) * scale / np.sqrt(shape[0])).astype(np.float32), name
+        )
 
     w2 = (rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32)
     w2[:, 0] *= 40.0
@@ -137,8 +141,14 @@ def synthetic_evaluator(space: Any, seed: int = 0, fail_knob: tuple[str, Any] | 
         latency = 10.0 * max(0.2, 1.0 - sum(savings[n] for n in quantized) / max(1.0, len(savings) / 3))
         drop = float(sum(drops[n] for n in quantized))
         return TrialResult(
-            plan=plan, latency_ms=latency, reference_latency_ms=10.0, speedup=10.0 / latency,
-            accuracy=1.0 - drop, reference_accuracy=1.0, accuracy_drop=drop, build_s=0.01,
+            plan=plan,
+            latency_ms=latency,
+            reference_latency_ms=10.0,
+            speedup=10.0 / latency,
+            accuracy=1.0 - drop,
+            reference_accuracy=1.0,
+            accuracy_drop=drop,
+            build_s=0.01,
         )
 
     evaluate.calls = 0

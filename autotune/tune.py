@@ -91,8 +91,14 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
 
 
 def run_search(
-    config: TuneConfig, space: SearchSpace, evaluate: Any, evaluator: Evaluator, run: RunDir, monitor: RunMonitor,
-    strategy: str, resume: bool,
+    config: TuneConfig,
+    space: SearchSpace,
+    evaluate: Any,
+    evaluator: Evaluator,
+    run: RunDir,
+    monitor: RunMonitor,
+    strategy: str,
+    resume: bool,
 ) -> None:
     """Runs one search strategy until the build budget is spent."""
     if strategy == "ppo":
@@ -167,6 +173,8 @@ def _winner_markdown(summary: dict[str, Any], space: SearchSpace, winner: Plan) 
     lines = ["| layer | op | precision |", "|---|---|---|"]
     precisions = winner.precision_map
     lines += [f"| {layer.name} | {layer.op_type} | {precisions.get(layer.name)} |" for layer in space.layers]
-    head = (f"winner: {summary['winner']['speedup']:.2f}x, drop {summary['winner']['accuracy_drop']:.4g} "
-            f"on held-out data; knobs: {winner.knob_map}")
+    head = (
+        f"winner: {summary['winner']['speedup']:.2f}x, drop {summary['winner']['accuracy_drop']:.4g} "
+        f"on held-out data; knobs: {winner.knob_map}"
+    )
     return head + "\n\n" + "\n".join(lines)

@@ -48,7 +48,9 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         self.render_mode = render_mode
         self.steps = decisions(space)
         if not self.steps:
-            raise ValueError("the search space has nothing to decide: every layer is fixed and every knob has one value")
+            raise ValueError(
+                "the search space has nothing to decide: every layer is fixed and every knob has one value"
+            )
         self.n_actions = action_count(self.steps)
         self.action_space = gym.spaces.Discrete(self.n_actions)
         self.observation_space = gym.spaces.Box(0.0, 1.0, (observation_size(space, self.steps),), np.float32)
@@ -99,5 +101,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         """The choices so far, as text."""
         if self.render_mode != "ansi":
             return None
-        parts = [f"{step.kind}[{step.index}]={step.options[a]}" for step, a in zip(self.steps, self._chosen, strict=False)]
+        parts = [
+            f"{step.kind}[{step.index}]={step.options[a]}" for step, a in zip(self.steps, self._chosen, strict=False)
+        ]
         return " ".join(parts) or "(no decision yet)"

@@ -267,12 +267,20 @@ def test_load_config_resolves_relative_paths_against_config_folder(tmp_path):
     data["data"] = {
         "calibration": {"npz": "data/cal.npz"},
         "evaluation": {"npz": "../eval.npz"},
-        "holdout": {"npz": "/abs/hold.npz"},
+        "holdout": {"npz": "hold.npz"},
     }
     config = load_config(_write(folder / "c.yaml", data))
     assert config.model.onnx == folder / "models/m.onnx"
     assert config.data.calibration.npz == folder / "data/cal.npz"
     assert config.data.evaluation.npz == folder / "../eval.npz"
+    assert config.data.holdout.npz == folder / "hold.npz"
+
+
+def test_load_config_keeps_absolute_paths(tmp_path):
+    data = _raw(model={"onnx": str(tmp_path / "elsewhere" / "m.onnx")})
+    data["data"]["holdout"] = {"npz": "/abs/hold.npz"}
+    config = load_config(_write(tmp_path / "cfg" / "c.yaml", data))
+    assert config.model.onnx == tmp_path / "elsewhere" / "m.onnx"
     assert config.data.holdout.npz == Path("/abs/hold.npz")
 
 

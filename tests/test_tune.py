@@ -43,9 +43,22 @@ def test_short_run_trains_logs_confirms_and_exports(tmp_path):
     assert summary["winner"]["accuracy_drop"] <= config.accuracy_budget
 
     tags = _scalar_tags(run_dir / "tb")
-    for tag in ("trial/reward", "trial/speedup", "trial/latency_ratio", "trial/latency_ms", "trial/accuracy",
-                "trial/accuracy_drop", "trial/build_s", "trial/cache_hit", "best/reward", "best/speedup",
-                "best/accuracy_drop", "train/entropy_loss", "train/value_loss", "train/explained_variance"):
+    for tag in (
+        "trial/reward",
+        "trial/speedup",
+        "trial/latency_ratio",
+        "trial/latency_ms",
+        "trial/accuracy",
+        "trial/accuracy_drop",
+        "trial/build_s",
+        "trial/cache_hit",
+        "best/reward",
+        "best/speedup",
+        "best/accuracy_drop",
+        "train/entropy_loss",
+        "train/value_loss",
+        "train/explained_variance",
+    ):
         assert tag in tags, tag
     assert list((run_dir / "checkpoints").glob("ppo_*_builds.zip"))
     assert (run_dir / "checkpoints" / "latest.zip").exists()
@@ -56,9 +69,9 @@ def test_short_run_trains_logs_confirms_and_exports(tmp_path):
     assert set(plan["precisions"]) == {"fc1", "fc2", "fc3", "head"}
     session = ort.InferenceSession(str(best / "model.onnx"), providers=["CPUExecutionProvider"])
     holdout = np.load(tmp_path / "holdout.npz")
-    predictions = np.concatenate([
-        session.run(None, {"x": holdout["x"][i : i + 16]})[0].argmax(axis=1) for i in range(0, len(holdout["x"]), 16)
-    ])
+    predictions = np.concatenate(
+        [session.run(None, {"x": holdout["x"][i : i + 16]})[0].argmax(axis=1) for i in range(0, len(holdout["x"]), 16)]
+    )
     accuracy = float(np.mean(predictions == holdout["labels"]))
     assert accuracy == pytest.approx(summary["winner"]["accuracy"], abs=1e-9)
 
@@ -89,7 +102,10 @@ def test_sigkill_then_resume_loses_no_trial_and_measures_none_twice(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
         [sys.executable, "-m", "autotune", "tune", str(config_path), "--no-progress"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     store_path = config.run_dir / "trials.sqlite"
     try:
@@ -103,7 +119,11 @@ def test_sigkill_then_resume_loses_no_trial_and_measures_none_twice(tmp_path):
 
     resumed = subprocess.run(
         [sys.executable, "-m", "autotune", "resume", str(config.run_dir), "--no-progress"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
     with TrialStore(store_path) as store:

@@ -85,7 +85,9 @@ class Backend(ABC):
     def run(self, artifact: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Runs one batch and returns the outputs in graph order."""
 
-    def profile(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]) -> dict[str, float] | None:
+    def profile(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]
+    ) -> dict[str, float] | None:
         """Each named node's share of FP32 runtime, or None when the backend cannot profile per node."""
         return None
 

@@ -43,7 +43,9 @@ class OnnxRuntimeCPU(Backend):
         return Capabilities(
             precisions={"Conv": int8, "Gemm": int8, "MatMul": int8, "ConvTranspose": int8},
             knobs=(
-                Knob("graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"),
+                Knob(
+                    "graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"
+                ),
                 Knob("allow_spinning", (True, False), "intra-op threads spin while waiting for work"),
             ),
         )
@@ -63,9 +65,29 @@ class OnnxRuntimeCPU(Backend):
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
             "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
         }[level]
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if knobs.get("allow_spinning", True) else "0")
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if knobs.get("allow_spinning", True) else "0"
+        )
         options.log_severity_level = 3
         return options
+
+    def _session(
+        self, model: onnx.ModelProto, knobs: Mapping[str, KnobValue], optimized_path: str | None = None
+    ) -> Any:
+        import onnxruntime as ort
+
+        options = self._session_options(knobs)
+        if optimized_path is not None:
+            options.optimized_model_filepath = optimized_path
+        # ORT 1.32's MatMulAddFusion (basic level) turns DQ -> MatMul -> Add into DQ -> float Gemm before the
+        # QDQ fusions run, so INT8 MatMuls never become MatMulIntegerToFloat and run slower than FP32.
+        quantized = any(node.op_type == "DequantizeLinear" for node in model.graph.node)
+        return ort.InferenceSession(
+            model.SerializeToString(),
+            options,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=["MatMulAddFusion"] if quantized else [],
+        )
 
     def build(self, model: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
         """Creates an inference session (the ORT "engine").
@@ -73,22 +95,25 @@ class OnnxRuntimeCPU(Backend):
         Raises:
             BuildError: ORT rejected the model.
         """
-        import onnxruntime as ort
-
         try:
-            return ort.InferenceSession(
-                model.SerializeToString(), self._session_options(knobs), providers=["CPUExecutionProvider"]
-            )
-        except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
-                ort.capi.onnxruntime_pybind11_state.NotImplemented, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
-                RuntimeError) as error:
+            return self._session(model, knobs)
+        except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for a bad graph
             raise BuildError(f"ONNX Runtime could not create a session: {error}") from error
+
+    def optimized_model(self, model: onnx.ModelProto, knobs: Mapping[str, KnobValue]) -> onnx.ModelProto:
+        """The graph ORT actually runs for these knobs (after its fusions), to check which kernels a plan gets."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "optimized.onnx")
+            self._session(model, knobs, path)
+            return onnx.load(path)
 
     def run(self, artifact: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Runs one batch."""
         return artifact.run(None, dict(feeds))
 
-    def profile(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]) -> dict[str, float] | None:
+    def profile(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]
+    ) -> dict[str, float] | None:
         """Per-node shares of FP32 runtime from ORT's profiler.
 
         Profiled with graph optimizations off, where every node keeps its name: fusions (even at the basic level,

@@ -169,9 +169,7 @@ class TensorStats:
         hist = data["hist"]
         if not isinstance(hist, list) or not all(isinstance(c, int) and c >= 0 for c in hist):
             raise ValueError("hist must be a list of non-negative ints")
-        return cls(
-            min=float(data["min"]), max=float(data["max"]), hist=np.array(hist), bin_width=data["bin_width"]
-        )
+        return cls(min=float(data["min"]), max=float(data["max"]), hist=np.array(hist), bin_width=data["bin_width"])
 
 
 @dataclass(frozen=True)
@@ -394,9 +392,7 @@ def _session_with_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> ort
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 2
     options.log_severity_level = 3
-    return ort.InferenceSession(
-        extended.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-    )
+    return ort.InferenceSession(extended.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
 
 
 def collect_statistics(
@@ -454,8 +450,7 @@ def collect_statistics(
             array = values[name]
             if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
                 raise ValueError(
-                    f"tensor {name!r} has NaN/Inf values on calibration batch {index}; "
-                    "check the calibration data"
+                    f"tensor {name!r} has NaN/Inf values on calibration batch {index}; check the calibration data"
                 )
             stats[name].update(array)
         seen += 1
@@ -485,9 +480,7 @@ def _cache_path(
 ) -> Path:
     # Only num_bins changes the histograms; percentile and entropy settings are applied when ranges are
     # read, so they stay out of the key and one cache serves every setting of them.
-    key = json.dumps(
-        {"format": _CACHE_FORMAT, "tensors": sorted(set(tensors)), "num_bins": settings.num_bins}
-    )
+    key = json.dumps({"format": _CACHE_FORMAT, "tensors": sorted(set(tensors)), "num_bins": settings.num_bins})
     key_hash = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / f"calibration-{model_hash[:16]}-{data_key}-{key_hash}.json"
 

@@ -234,23 +234,15 @@ class _Rewriter:
             raise RewriteError(f"layer {layer.name!r} is not a node of the model; rebuild the layer table")
         node = self.graph.node[index]
         if node.op_type != layer.op_type:
-            raise RewriteError(
-                f"layer {layer.name!r} is a {node.op_type} in the model, not a {layer.op_type}"
-            )
+            raise RewriteError(f"layer {layer.name!r} is a {node.op_type} in the model, not a {layer.op_type}")
         return index, node
 
     def qdq(self, out: list[onnx.NodeProto], src: str, dst: str, scale: str, zero: str, tag: str) -> None:
         """Appends ``QuantizeLinear(src) -> DequantizeLinear -> dst`` to ``out``."""
         quantized = self.fresh(f"{src}__q__{tag}")
+        out.append(helper.make_node("QuantizeLinear", [src, scale, zero], [quantized], self.fresh(f"{tag}__{src}__Q")))
         out.append(
-            helper.make_node(
-                "QuantizeLinear", [src, scale, zero], [quantized], self.fresh(f"{tag}__{src}__Q")
-            )
-        )
-        out.append(
-            helper.make_node(
-                "DequantizeLinear", [quantized, scale, zero], [dst], self.fresh(f"{tag}__{src}__DQ")
-            )
+            helper.make_node("DequantizeLinear", [quantized, scale, zero], [dst], self.fresh(f"{tag}__{src}__DQ"))
         )
 
     def rename_output(self, index: int, tensor: str, suffix: str) -> str:
@@ -338,17 +330,14 @@ class _Rewriter:
             groups = bias.size // max(scales.size, 1)
             if groups * scales.size != bias.size:
                 raise RewriteError(
-                    f"layer {layer.name!r}: bias has {bias.size} values but the weight has "
-                    f"{scales.size} channel scales"
+                    f"layer {layer.name!r}: bias has {bias.size} values but the weight has {scales.size} channel scales"
                 )
             # ConvTranspose with groups: output channel g * (C/groups) + j uses weight channel j.
             scales = np.tile(scales, groups)
         q = quantize_bias_int32(bias, scales)
         q_name = self.add_init(f"{layer.bias}__int32__{layer.name}", q)
         scale_name = self.add_init(f"{layer.bias}__int32_scale__{layer.name}", scales)
-        zero_name = self.add_init(
-            f"{layer.bias}__int32_zp__{layer.name}", np.zeros(scales.shape, dtype=np.int32)
-        )
+        zero_name = self.add_init(f"{layer.bias}__int32_zp__{layer.name}", np.zeros(scales.shape, dtype=np.int32))
         dst = self.fresh(f"{layer.bias}__dq__{layer.name}")
         kwargs = {"axis": 0} if scales.ndim == 1 else {}
         self.prologue.append(
@@ -435,9 +424,7 @@ class _Rewriter:
                 continue
             low = self.rename_output(index, tensor, precision)
             self.after[index].append(
-                helper.make_node(
-                    "Cast", [low], [tensor], self.fresh(f"{layer.name}__out__Cast"), to=TensorProto.FLOAT
-                )
+                helper.make_node("Cast", [low], [tensor], self.fresh(f"{layer.name}__out__Cast"), to=TensorProto.FLOAT)
             )
 
     # ----- assembly ---------------------------------------------------------------------------------------
@@ -469,9 +456,7 @@ def _used_names(graph: onnx.GraphProto) -> set[str]:
     for node in graph.node:
         used.update(node.input)
         for attribute in node.attribute:
-            subgraphs = (
-                [*attribute.graphs, attribute.g] if attribute.HasField("g") else list(attribute.graphs)
-            )
+            subgraphs = [*attribute.graphs, attribute.g] if attribute.HasField("g") else list(attribute.graphs)
             for subgraph in subgraphs:
                 used |= _used_names(subgraph)
     return used

@@ -31,7 +31,8 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
             hparams = {k: v for k, v in config.ppo.model_dump().items() if not isinstance(v, list)}
             hparams.update(seed=config.seed, budget=config.budget.builds, accuracy_budget=config.accuracy_budget)
             self.logger.record(
-                "hparams", HParam(hparams, {"train/value_loss": 0.0, "train/entropy_loss": 0.0}),
+                "hparams",
+                HParam(hparams, {"train/value_loss": 0.0, "train/entropy_loss": 0.0}),
                 exclude=("stdout", "log", "json", "csv"),
             )
 

@@ -64,7 +64,11 @@ class SearchSpace:
     def uniform(self, precision: str, knobs: Mapping[str, KnobValue] | None = None) -> Plan:
         """Every layer that allows ``precision`` takes it; the rest stay FP32."""
         return self.plan(
-            {layer.name: precision for layer, options in zip(self.layers, self.choices, strict=True) if precision in options},
+            {
+                layer.name: precision
+                for layer, options in zip(self.layers, self.choices, strict=True)
+                if precision in options
+            },
             knobs,
         )
 
@@ -124,7 +128,9 @@ def build_space(layers: Sequence[Layer], capabilities: Capabilities, config: Sea
     backend_knobs = {knob.name: knob for knob in capabilities.knobs}
     unknown = set(config.knobs) - set(backend_knobs) - {k.name for k in recipe_knobs}
     if unknown:
-        raise ValueError(f"search.knobs names unknown knobs {sorted(unknown)}; this backend has {sorted(backend_knobs)}")
+        raise ValueError(
+            f"search.knobs names unknown knobs {sorted(unknown)}; this backend has {sorted(backend_knobs)}"
+        )
     knobs = recipe_knobs + tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in backend_knobs.values())
     knobs = tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in knobs)
     return SearchSpace(tuple(layers), tuple(choices), knobs, config.group_size)

@@ -61,9 +61,7 @@ def _uniform_stats() -> TensorStats:
     return TensorStats(min=-50.0, max=99.5, hist=np.ones(100, dtype=np.int64), bin_width=1.0)
 
 
-@pytest.mark.parametrize(
-    ("percentile", "expected"), [(90.0, 90.0), (50.0, 50.0), (99.5, 100.0), (100.0, 100.0)]
-)
+@pytest.mark.parametrize(("percentile", "expected"), [(90.0, 90.0), (50.0, 50.0), (99.5, 100.0), (100.0, 100.0)])
 def test_percentile_is_upper_edge_of_crossing_bin(percentile, expected):
     settings = CalibrationSettings(percentile=percentile)
     assert amax(_uniform_stats(), "percentile", settings) == expected

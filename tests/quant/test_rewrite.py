@@ -124,9 +124,7 @@ def model_attn(rng: np.random.Generator) -> onnx.ModelProto:
         helper.make_node("MatMul", ["A", "Wq"], ["q"], "q_proj"),
         helper.make_node("MatMul", ["q", "Bt"], ["Y"], "scores"),
     ]
-    return _model(
-        nodes, [("A", [4, 8]), ("Bt", [8, 5])], [("Y", [4, 5])], [_init("Wq", rng.normal(size=(8, 8)))]
-    )
+    return _model(nodes, [("A", [4, 8]), ("Bt", [8, 5])], [("Y", [4, 5])], [_init("Wq", rng.normal(size=(8, 8)))])
 
 
 BUILDERS = {
@@ -187,9 +185,7 @@ def _run_node(node: onnx.NodeProto, ins: list[np.ndarray]) -> np.ndarray:
     raise NotImplementedError(node.op_type)
 
 
-def forward(
-    model: onnx.ModelProto, feeds: dict, input_hooks=None, output_hooks=None
-) -> dict[str, np.ndarray]:
+def forward(model: onnx.ModelProto, feeds: dict, input_hooks=None, output_hooks=None) -> dict[str, np.ndarray]:
     """Runs the float graph in numpy; hooks replace a node's inputs / a tensor's value (fake quant)."""
     env = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     env.update({k: np.asarray(v, dtype=np.float32) for k, v in feeds.items()})
@@ -214,11 +210,7 @@ def _dequantized_weight(w: np.ndarray, axis: int | None, per_channel: bool) -> t
 
 def _sole_relu_output(model: onnx.ModelProto, tensor: str) -> str | None:
     readers = [n for n in model.graph.node if tensor in n.input]
-    if (
-        len(readers) == 1
-        and readers[0].op_type == "Relu"
-        and tensor not in {o.name for o in model.graph.output}
-    ):
+    if len(readers) == 1 and readers[0].op_type == "Relu" and tensor not in {o.name for o in model.graph.output}:
         return readers[0].output[0]
     return None
 
@@ -241,9 +233,7 @@ def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -
         replace = {}
         w_scales = None
         if layer.weight is not None:
-            replace[layer.weight], w_scales = _dequantized_weight(
-                inits[layer.weight], layer.weight_axis, per_channel
-            )
+            replace[layer.weight], w_scales = _dequantized_weight(inits[layer.weight], layer.weight_axis, per_channel)
         is_conv = layer.op_type in ("Conv", "ConvTranspose")
         quant_out = recipe.quantize_conv_output if is_conv else recipe.quantize_matmul_output
         if is_conv and (quant_out or ort_bias) and layer.bias is not None:
@@ -366,12 +356,8 @@ def test_fake_quant_rounds_half_to_even_and_saturates():
     x = np.array([0.5, 1.5, 2.5, -0.5, 1000.0, -1000.0], dtype=np.float32)
     np.testing.assert_array_equal(fake_quant(x, 1.0, 0, "int8"), [0, 2, 2, -0, 127, -128])
     np.testing.assert_array_equal(fake_quant(x, 1.0, 10, "uint8"), [0, 2, 2, -0, 245, -10])
-    np.testing.assert_allclose(
-        fake_quant(np.array([1000.0, 0.3], np.float32), 1.0, 0, "float8e4m3fn"), [448, 0.3125]
-    )
-    per_axis = fake_quant(
-        np.ones((2, 3), np.float32) * 0.26, np.array([0.5, 0.1]), np.zeros(2), "int8", axis=0
-    )
+    np.testing.assert_allclose(fake_quant(np.array([1000.0, 0.3], np.float32), 1.0, 0, "float8e4m3fn"), [448, 0.3125])
+    per_axis = fake_quant(np.ones((2, 3), np.float32) * 0.26, np.array([0.5, 0.1]), np.zeros(2), "int8", axis=0)
     np.testing.assert_allclose(per_axis, [[0.5] * 3, [0.3] * 3], rtol=1e-6)
 
 
@@ -424,9 +410,7 @@ def test_mixed_plan_passes_checker_and_runs(cases, kind):
     plan = Plan.make({layer.name: choices[i % len(choices)] for i, layer in enumerate(case.layers)})
     out = rewrite(case.model, case.layers, plan, case.ranges, ORT_X86)
     check(out)
-    int8_only = Plan.make(
-        {layer.name: ("int8" if i % 2 == 0 else "fp16") for i, layer in enumerate(case.layers)}
-    )
+    int8_only = Plan.make({layer.name: ("int8" if i % 2 == 0 else "fp16") for i, layer in enumerate(case.layers)})
     out = rewrite(case.model, case.layers, int8_only, case.ranges, ORT_X86)
     check(out)
     try:
@@ -434,9 +418,7 @@ def test_mixed_plan_passes_checker_and_runs(cases, kind):
     except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
         pytest.skip(f"ORT CPU cannot run this fp16/int8 mix: {error}")
     # fp16 layers are close to float, so the int8 fake-quant reference (fp16 layers in float) is close too.
-    reference = int8_reference(
-        case.model, case.layers, int8_only, case.ranges, ORT_X86, case.feeds, ort_bias=True
-    )
+    reference = int8_reference(case.model, case.layers, int8_only, case.ranges, ORT_X86, case.feeds, ort_bias=True)
     for name, value in got.items():
         scale = float(np.abs(reference[name]).max())
         np.testing.assert_allclose(value, reference[name], atol=0.02 * scale, err_msg=name)
@@ -499,17 +481,13 @@ def test_fp16_close_to_float(cases):
         reference = forward(case.model, case.feeds)
         for name, value in got.items():
             assert value.dtype == np.float32
-            np.testing.assert_allclose(
-                value, reference[name], atol=1e-2 * max(1.0, np.abs(reference[name]).max())
-            )
+            np.testing.assert_allclose(value, reference[name], atol=1e-2 * max(1.0, np.abs(reference[name]).max()))
 
 
 def test_fp8_matches_numpy_fake_quant_if_ort_runs_it(cases):
     case = cases["mlp"]
     out = rewrite(case.model, case.layers, uniform(case, "fp8"), case.ranges, TENSORRT)
-    weights = [
-        i for i in out.graph.initializer if i.data_type == TensorProto.FLOAT8E4M3FN and len(i.dims) == 2
-    ]
+    weights = [i for i in out.graph.initializer if i.data_type == TensorProto.FLOAT8E4M3FN and len(i.dims) == 2]
     assert {w.name for w in weights} == {"W1__fp8", "W2__fp8"}
     try:
         # ORT >= EXTENDED drops a Relu in front of an FP8 QuantizeLinear with zero point 0 (ReluQuantFusion
@@ -565,9 +543,7 @@ def test_two_int8_consumers_get_dedicated_pairs(cases):
 
 def test_shared_weight_keeps_float_initializer_for_fp32_layer(cases):
     case = cases["shared"]
-    out = rewrite(
-        case.model, case.layers, Plan.make({"first": "int8", "second": "fp32"}), case.ranges, ORT_X86
-    )
+    out = rewrite(case.model, case.layers, Plan.make({"first": "int8", "second": "fp32"}), case.ranges, ORT_X86)
     check(out)
     inits = inits_of(out)
     assert "W" in inits and inits["W"].dtype == np.float32
@@ -602,9 +578,7 @@ def _initializer_inputs(model: onnx.ModelProto, slot: int, op_types=("QuantizeLi
 @pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
 def test_tensorrt_recipe_is_symmetric_int8_with_positive_scales(cases, kind, granularity):
     case = cases[kind]
-    out = rewrite(
-        case.model, case.layers, uniform(case, "int8", weight_granularity=granularity), case.ranges, TENSORRT
-    )
+    out = rewrite(case.model, case.layers, uniform(case, "int8", weight_granularity=granularity), case.ranges, TENSORRT)
     zero_points = _initializer_inputs(out, 2)
     assert zero_points and all((zp == 0).all() for _, zp in zero_points)
     scales = _initializer_inputs(out, 1)
@@ -630,10 +604,7 @@ def test_ort_recipe_uses_uint8_activations_and_int32_conv_bias(cases):
     assert consumer.op_type == "QuantizeLinear"
     assert node_named(out, "conv1").output[0] == "c1"
     conv2 = node_named(out, "conv2")
-    assert (
-        conv2.output[0] != "Y"
-        and next(n for n in out.graph.node if "Y" in n.output).op_type == "DequantizeLinear"
-    )
+    assert conv2.output[0] != "Y" and next(n for n in out.graph.node if "Y" in n.output).op_type == "DequantizeLinear"
     # Per-channel weight DQs carry the channel axis.
     weight_dq = [n for n in out.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("Wc")]
     assert [helper.get_attribute_value(n.attribute[0]) for n in weight_dq] == [0, 0]
@@ -700,9 +671,7 @@ def test_half_precision_casts_are_dedicated_and_output_name_is_kept(cases):
     assert helper.get_attribute_value(cast_in.attribute[0]) == TensorProto.BFLOAT16
     assert q_node.output[0] != "Q"
     cast_out = next(n for n in out.graph.node if "Q" in n.output)
-    assert (
-        cast_out.op_type == "Cast" and helper.get_attribute_value(cast_out.attribute[0]) == TensorProto.FLOAT
-    )
+    assert cast_out.op_type == "Cast" and helper.get_attribute_value(cast_out.attribute[0]) == TensorProto.FLOAT
     assert node_named(out, "k_proj").input[0] == "A" and node_named(out, "residual").input[0] == "A"
     assert inits_of(out)["Wq__bf16"].dtype == ml_dtypes.bfloat16
 

@@ -1,0 +1,63 @@
+"""Tests for autotune.search.reward with hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.config import RewardConfig
+from autotune.plan import Plan
+from autotune.search.reward import meets_budget, reward
+from autotune.trial import TIMEOUT, TrialResult
+
+PLAN = Plan.make({"fc1": "int8"})
+
+
+def _ok(speedup: float | None, drop: float | None) -> TrialResult:
+    return TrialResult(plan=PLAN, speedup=speedup, accuracy_drop=drop)
+
+
+def test_log_speedup_within_budget():
+    config = RewardConfig()
+    assert reward(_ok(2.0, 0.0), config, 0.01) == pytest.approx(math.log(2.0))
+    assert reward(_ok(2.0, 0.01), config, 0.01) == pytest.approx(math.log(2.0))  # at the budget: no penalty
+    assert reward(_ok(1.0, 0.005), config, 0.01) == pytest.approx(0.0)
+    assert reward(_ok(0.5, 0.0), config, 0.01) == pytest.approx(-math.log(2.0))
+
+
+def test_negative_drop_no_bonus():
+    assert reward(_ok(3.0, -0.2), RewardConfig(), 0.01) == pytest.approx(math.log(3.0))
+
+
+def test_penalty_only_above_budget():
+    config = RewardConfig(accuracy_penalty=100.0)
+    # drop 0.03, budget 0.01: excess 0.02 x 100 = 2
+    assert reward(_ok(2.0, 0.03), config, 0.01) == pytest.approx(math.log(2.0) - 2.0)
+    # penalty 10, drop 0.5, budget 0.1: excess 0.4 x 10 = 4
+    assert reward(_ok(4.0, 0.5), RewardConfig(accuracy_penalty=10.0), 0.1) == pytest.approx(math.log(4.0) - 4.0)
+    assert reward(_ok(4.0, 0.5), RewardConfig(accuracy_penalty=0.0), 0.1) == pytest.approx(math.log(4.0))
+    assert reward(_ok(2.0, 0.03), config, 0.0) == pytest.approx(math.log(2.0) - 3.0)
+
+
+def test_failure_gets_config_failure():
+    config = RewardConfig(failure=-7.5)
+    assert reward(TrialResult.failure(PLAN, "BuildError: x"), config, 0.01) == -7.5
+    assert (
+        reward(TrialResult.failure(PLAN, "slow", status=TIMEOUT, speedup=5.0, accuracy_drop=0.0), config, 0.01) == -7.5
+    )
+    assert reward(TrialResult.failure(PLAN, "x"), RewardConfig(), 0.01) == -1.0
+
+
+@pytest.mark.parametrize(("speedup", "drop"), [(None, 0.0), (2.0, None), (0.0, 0.0), (-1.0, 0.0)])
+def test_incomplete_ok_result_is_failure(speedup, drop):
+    assert reward(_ok(speedup, drop), RewardConfig(failure=-3.0), 0.01) == -3.0
+
+
+def test_meets_budget():
+    assert meets_budget(_ok(2.0, 0.0), 0.01)
+    assert meets_budget(_ok(2.0, 0.01), 0.01)
+    assert not meets_budget(_ok(2.0, 0.0100001), 0.01)
+    assert meets_budget(_ok(0.5, -0.1), 0.0)
+    assert not meets_budget(_ok(2.0, None), 0.01)
+    assert not meets_budget(TrialResult.failure(PLAN, "x", accuracy_drop=0.0), 0.01)

@@ -1,0 +1,120 @@
+"""Tests for autotune.measure.interleaved with a fake clock and fake runners."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.measure import Latency, Protocol, interleaved
+
+WARMUP_S = 1000.0  # warm-up runs take so long that timing one would wreck every statistic
+
+
+class FakeTime:
+    """A clock that only moves when a fake runner runs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.clock_calls = 0
+
+    def clock(self) -> float:
+        self.clock_calls += 1
+        return self.now
+
+
+def _runner(name: str, time: FakeTime, log: list[str], durations_s: list[float]):
+    queue = list(durations_s)
+
+    def run() -> None:
+        log.append(name)
+        time.now += queue.pop(0)
+
+    run.queue = queue
+    return run
+
+
+def _durations(protocol: Protocol, timed_ms: list[float]) -> list[float]:
+    """Per call: warm-up durations, then the timed ones, round by round."""
+    out: list[float] = []
+    per_round = protocol.repeats
+    for r in range(protocol.rounds):
+        out += [WARMUP_S] * protocol.warmup
+        out += [ms / 1e3 for ms in timed_ms[r * per_round : (r + 1) * per_round]]
+    return out
+
+
+def _measure(protocol: Protocol, reference_ms: list[float], candidate_ms: list[float]):
+    time, log = FakeTime(), []
+    reference = _runner("ref", time, log, _durations(protocol, reference_ms))
+    candidate = _runner("cand", time, log, _durations(protocol, candidate_ms))
+    latency = interleaved(candidate, reference, protocol, clock=time.clock)
+    assert reference.queue == [] and candidate.queue == []  # every planned run happened, no more
+    return latency, log, time
+
+
+def test_call_order_reference_then_candidate_each_round():
+    protocol = Protocol(warmup=2, repeats=3, rounds=3)
+    _, log, _ = _measure(protocol, [1.0] * 9, [1.0] * 9)
+    block = protocol.warmup + protocol.repeats
+    assert log == (["ref"] * block + ["cand"] * block) * protocol.rounds
+
+
+def test_warmup_not_timed_and_clock_calls():
+    protocol = Protocol(warmup=3, repeats=4, rounds=2)
+    latency, _, time = _measure(protocol, [2.0] * 8, [1.0] * 8)
+    assert latency.median_ms == pytest.approx(1.0)
+    assert latency.reference_median_ms == pytest.approx(2.0)
+    assert latency.iqr_ms == pytest.approx(0.0, abs=1e-6)
+    assert latency.reference_iqr_ms == pytest.approx(0.0, abs=1e-6)
+    assert time.clock_calls == 2 * protocol.repeats * protocol.rounds * 2
+
+
+def test_medians_and_iqr_from_known_durations():
+    protocol = Protocol(warmup=1, repeats=3, rounds=2)
+    # reference samples 10..60: median 35, q1 22.5, q3 47.5 (linear interpolation) -> IQR 25
+    # candidate samples 1,2,3 | 4,5,100: median 3.5, q1 2.25, q3 4.75 -> IQR 2.5
+    latency, _, _ = _measure(protocol, [10, 20, 30, 40, 50, 60], [1, 2, 3, 4, 5, 100])
+    assert latency.reference_median_ms == pytest.approx(35.0)
+    assert latency.reference_iqr_ms == pytest.approx(25.0)
+    assert latency.median_ms == pytest.approx(3.5)
+    assert latency.iqr_ms == pytest.approx(2.5)
+    assert latency.speedup == pytest.approx(10.0)
+
+
+def test_unsorted_odd_samples():
+    protocol = Protocol(warmup=2, repeats=5, rounds=1)
+    # candidate 9,1,5,3,7 -> sorted 1,3,5,7,9: median 5, q1 3, q3 7 -> IQR 4
+    latency, _, _ = _measure(protocol, [8, 8, 8, 8, 8], [9, 1, 5, 3, 7])
+    assert latency.median_ms == pytest.approx(5.0)
+    assert latency.iqr_ms == pytest.approx(4.0)
+    assert latency.reference_median_ms == pytest.approx(8.0)
+    assert latency.speedup == pytest.approx(8.0 / 5.0)
+
+
+def test_results_in_milliseconds():
+    protocol = Protocol(warmup=1, repeats=1, rounds=1)
+    latency, _, _ = _measure(protocol, [250.0], [125.0])
+    assert latency.reference_median_ms == pytest.approx(250.0)
+    assert latency.median_ms == pytest.approx(125.0)
+    assert latency.speedup == pytest.approx(2.0)
+
+
+def test_slower_candidate_speedup_below_one():
+    protocol = Protocol(warmup=1, repeats=2, rounds=1)
+    latency, _, _ = _measure(protocol, [4.0, 4.0], [8.0, 8.0])
+    assert latency.speedup == pytest.approx(0.5)
+
+
+def test_speedup_property():
+    assert Latency(median_ms=2.0, iqr_ms=0.1, reference_median_ms=5.0, reference_iqr_ms=0.2).speedup == 2.5
+
+
+def test_protocol_to_dict_and_defaults():
+    assert Protocol().to_dict() == {"warmup": 3, "repeats": 10, "rounds": 2}
+    assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3}
+
+
+def test_real_clock_default():
+    calls = []
+    latency = interleaved(lambda: calls.append("c"), lambda: calls.append("r"), Protocol(1, 2, 1))
+    assert calls == ["r"] * 3 + ["c"] * 3
+    assert latency.median_ms >= 0 and latency.reference_median_ms >= 0
