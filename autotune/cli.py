@@ -74,6 +74,18 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _baseline(args: argparse.Namespace) -> int:
+    from autotune.tune import tune
+
+    overrides = [f"budget.builds={args.budget}", f"seed={args.seed}"] if args.budget else [f"seed={args.seed}"]
+    config = load_config(args.config, overrides + args.set)
+    if not any(item.startswith("name=") for item in args.set):
+        config = config.model_copy(update={"name": f"{config.name}-{args.strategy}-s{args.seed}"})
+    summary = tune(config, strategy=args.strategy, progress=not args.no_progress)
+    _print_summary(summary)
+    return 0
+
+
 def _resume(args: argparse.Namespace) -> int:
     from autotune.tune import tune
 
@@ -117,6 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(tune)
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
     tune.set_defaults(handler=_tune)
+
+    baseline = commands.add_parser("baseline", help="run a baseline strategy on the same harness as the agent")
+    _add_config(baseline)
+    baseline.add_argument("--strategy", required=True, choices=("random", "greedy", "optuna", "fp32", "int8", "fp16"))
+    baseline.add_argument("--budget", type=int, help="builds (default budget.builds of the config)")
+    baseline.add_argument("--seed", type=int, default=0)
+    baseline.add_argument("--no-progress", action="store_true")
+    baseline.set_defaults(handler=_baseline)
 
     resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")
     resume.add_argument("run_dir")

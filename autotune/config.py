@@ -172,6 +172,8 @@ class BudgetConfig(_Strict):
 
     builds: int = Field(150, gt=0)
     """Trials that build and measure; trials answered from the store are free."""
+    stall_episodes: int = Field(400, gt=0)
+    """Stop early when this many plans in a row were all answered from the store (the search converged)."""
 
 
 class PPOConfig(_Strict):
@@ -188,8 +190,6 @@ class PPOConfig(_Strict):
     clip_range: float = Field(0.2, gt=0)
     net_arch: list[Annotated[int, Field(gt=0)]] = [64, 64]
     checkpoint_every_builds: int = Field(25, gt=0)
-    stall_episodes: int = Field(400, gt=0)
-    """Stop early when this many episodes in a row were all answered from the store (the policy converged)."""
 
 
 class ConfirmConfig(_Strict):

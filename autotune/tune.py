@@ -96,7 +96,6 @@ def run_search(
     evaluate: Any,
     evaluator: Evaluator,
     run: RunDir,
-    monitor: RunMonitor,
     strategy: str,
     resume: bool,
 ) -> None:
@@ -105,8 +104,22 @@ def run_search(
         from autotune.search.ppo import train
 
         train(config, space, evaluate, lambda: evaluator.builds, run.tensorboard, run.checkpoints, resume=resume)
+        return
+    from autotune.search import strategies
+
+    context = strategies.SearchContext(
+        config, space, evaluate, lambda: evaluator.builds, seed=config.seed, stall=config.budget.stall_episodes
+    )
+    if strategy in ("fp32", "int8", "fp16", "bf16", "fp8"):
+        strategies.search_fixed(context, strategy)
+    elif strategy == "random":
+        strategies.search_random(context)
+    elif strategy == "greedy":
+        strategies.search_greedy(context)
+    elif strategy == "optuna":
+        strategies.search_optuna(context)
     else:
-        raise ConfigError(f"unknown strategy {strategy!r}")
+        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(strategies.STRATEGIES)}")
 
 
 def tune(
@@ -132,11 +145,18 @@ def tune(
     if resume_dir is not None:
         run, config = RunDir.open(resume_dir)
     else:
-        assert config is not None
+        if config is None:
+            raise ConfigError("tune() needs a config, or resume_dir to continue a run")
         run = RunDir.create(config)
     started = time.time()
     _, space = analyze(config)
+    if strategy in ("fp16", "bf16", "fp8") and space.uniform(strategy) == space.uniform("fp32"):
+        raise ConfigError(f"strategy {strategy}: the {config.backend.name} backend offers no {strategy} layer here")
     with TrialStore(run.store) as store:
+        if resume_dir is not None:
+            strategy = str(store.get_meta("strategy", strategy))
+        else:
+            store.set_meta("strategy", strategy)
         wall_before = float(store.get_meta("wall_s", 0.0))
         monitor = RunMonitor(config, run.tensorboard, builds_done=len(store), progress=progress)
         monitor.seed(list(store.trials()))
@@ -150,7 +170,7 @@ def tune(
                     return result
 
                 if evaluator.builds < config.budget.builds:
-                    run_search(config, space, evaluate, evaluator, run, monitor, strategy, resume_dir is not None)
+                    run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
                 store.set_meta("wall_s", wall_before + time.time() - started)
                 plans = finalists(store, config)
                 fp32 = space.uniform("fp32")

@@ -52,7 +52,7 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
             if done - self.last_checkpoint >= config.ppo.checkpoint_every_builds:
                 self.last_checkpoint = done
                 self._save()
-            return done < config.budget.builds and self.stalled < config.ppo.stall_episodes
+            return done < config.budget.builds and self.stalled < config.budget.stall_episodes
 
         def _on_training_end(self) -> None:
             self._save()
@@ -118,7 +118,7 @@ def train(
         )
     model.set_logger(configure(str(tensorboard_dir), ["csv", "tensorboard"]))
     # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
-    total_steps = episode_length * (config.budget.builds + config.ppo.stall_episodes) * 50
+    total_steps = episode_length * (config.budget.builds + config.budget.stall_episodes) * 50
     callback = _make_callback(config, builds, checkpoints, builds())
     model.learn(total_timesteps=total_steps, callback=callback, reset_num_timesteps=not resume, log_interval=1)
     return model

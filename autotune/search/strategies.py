@@ -1,0 +1,154 @@
+"""Search strategies on one harness: each only decides which plan to try next.
+
+Every strategy gets the same ``SearchContext`` (the evaluator behind ``evaluate``: same store, same measurement
+protocol, same budget counted in builds). Store hits are free, so loops also stop after ``stall`` episodes in a
+row that built nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autotune.config import TuneConfig
+from autotune.plan import Plan
+from autotune.search.episode import decisions, plan_from_actions
+from autotune.search.reward import meets_budget, reward
+from autotune.search.space import SearchSpace
+from autotune.trial import TrialResult
+
+
+@dataclass
+class SearchContext:
+    """What a strategy may use.
+
+    Attributes:
+        config: The run's config.
+        space: The search space.
+        evaluate: Plan to result (store first, then a build).
+        builds: Builds spent so far.
+        seed: Seed of the strategy's own randomness.
+        stall: Episodes in a row without a new build after which a strategy gives up.
+    """
+
+    config: TuneConfig
+    space: SearchSpace
+    evaluate: Callable[[Plan], TrialResult]
+    builds: Callable[[], int]
+    seed: int = 0
+    stall: int = 400
+    _stalled: int = field(default=0, init=False)
+
+    @property
+    def budget(self) -> int:
+        """Builds allowed."""
+        return self.config.budget.builds
+
+    def exhausted(self) -> bool:
+        """The budget is spent, or the strategy keeps proposing plans that were already measured."""
+        return self.builds() >= self.budget or self._stalled >= self.stall
+
+    def try_plan(self, plan: Plan) -> TrialResult:
+        """Evaluates a plan and keeps the stall count."""
+        before = self.builds()
+        result = self.evaluate(plan)
+        self._stalled = self._stalled + 1 if self.builds() == before else 0
+        return result
+
+    def reward(self, result: TrialResult) -> float:
+        """The configured reward of a result."""
+        return reward(result, self.config.reward, self.config.accuracy_budget)
+
+
+def search_fixed(context: SearchContext, precision: str) -> None:
+    """One plan: every layer that allows ``precision`` takes it (the usual "build with INT8 enabled")."""
+    context.try_plan(context.space.uniform(precision))
+
+
+def search_random(context: SearchContext) -> None:
+    """Uniformly random valid plans: each step picks uniformly among the options its mask allows."""
+    rng = np.random.default_rng(context.seed)
+    steps = decisions(context.space)
+    while not context.exhausted():
+        actions = [int(rng.integers(len(step.options))) for step in steps]
+        context.try_plan(plan_from_actions(context.space, steps, actions))
+
+
+def _sensitivities(context: SearchContext, base: Plan, drop_all: float) -> list[tuple[float, list[str]]]:
+    """Accuracy regained by reverting each decision group alone to FP32, most sensitive first."""
+    space = context.space
+    scores = []
+    for group in space.groups:
+        names = [space.layers[i].name for i in group]
+        if context.exhausted():
+            break
+        reverted = Plan.make({**base.precision_map, **{n: "fp32" for n in names}}, base.knob_map)
+        result = context.try_plan(reverted)
+        gain = drop_all - result.accuracy_drop if result.ok and result.accuracy_drop is not None else -math.inf
+        scores.append((gain, names))
+    scores.sort(key=lambda item: item[0], reverse=True)
+    return scores
+
+
+def search_greedy(context: SearchContext) -> None:
+    """The accuracy-first fallback of Polygraphy ``debug precision`` and Intel Neural Compressor.
+
+    Start from all-INT8 (the narrowest precision each layer allows); measure each layer group's sensitivity as
+    the accuracy regained when only it is reverted to FP32; revert the most sensitive groups one by one until the
+    accuracy budget is met; then tune the knobs one at a time, keeping the value with the best reward.
+    """
+    space = context.space
+    base = space.plan({layer.name: options[-1] for layer, options in zip(space.layers, space.choices, strict=True)})
+    best_result = context.try_plan(base)
+    best_plan = base
+    budget = context.config.accuracy_budget
+    if not meets_budget(best_result, budget) and best_result.ok:
+        plan = base
+        for _, names in _sensitivities(context, base, best_result.accuracy_drop or 0.0):
+            if context.exhausted():
+                return
+            plan = Plan.make({**plan.precision_map, **{n: "fp32" for n in names}}, plan.knob_map)
+            result = context.try_plan(plan)
+            if meets_budget(result, budget):
+                best_plan, best_result = plan, result
+                break
+    for knob in space.knobs:
+        for value in knob.values:
+            if context.exhausted():
+                return
+            candidate = best_plan.with_knobs(**{knob.name: value})
+            result = context.try_plan(candidate)
+            if context.reward(result) > context.reward(best_result):
+                best_plan, best_result = candidate, result
+
+
+def search_optuna(context: SearchContext) -> None:
+    """Optuna's TPE through ask-and-tell: one categorical per decision, the accuracy budget as a constraint."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = context.space
+    steps = decisions(space)
+    sampler = optuna.samplers.TPESampler(seed=context.seed)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    while not context.exhausted():
+        trial = study.ask()
+        actions = []
+        for index, step in enumerate(steps):
+            labels = [str(option) for option in step.options]
+            chosen = trial.suggest_categorical(f"{index:03d}_{step.kind}_{step.index}", labels)
+            actions.append(labels.index(chosen))
+        result = context.try_plan(plan_from_actions(space, steps, actions))
+        if not result.ok:
+            trial.set_constraint("accuracy_drop", 1.0)
+            study.tell(trial, context.config.reward.failure)
+            continue
+        # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
+        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.accuracy_budget))
+        study.tell(trial, math.log(result.speedup))
+
+
+STRATEGIES = ("ppo", "random", "greedy", "optuna", "fp32", "int8", "fp16")

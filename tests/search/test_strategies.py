@@ -1,0 +1,112 @@
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.onnxruntime import OnnxRuntimeCPU
+from autotune.config import ConfigError, SearchSpaceConfig
+from autotune.model import InputSpec, prepare_model
+from autotune.search import strategies
+from autotune.search.reward import meets_budget
+from autotune.search.space import build_space
+from autotune.store import TrialStore
+from autotune.testing import synthetic_evaluator, tiny_config, tiny_mlp
+from autotune.tune import tune
+
+
+@pytest.fixture()
+def space():
+    model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
+    return build_space(model.layers, OnnxRuntimeCPU().capabilities(), SearchSpaceConfig())
+
+
+class Harness:
+    """A store-like harness over the synthetic evaluator: builds count distinct plans."""
+
+    def __init__(self, space, **kwargs):
+        self.inner = synthetic_evaluator(space, **kwargs)
+        self.results = {}
+        self.plans = []
+        self.space = space
+
+    def evaluate(self, plan):
+        assert not self.space.violations(plan), self.space.violations(plan)
+        self.plans.append(plan)
+        if plan.hash not in self.results:
+            self.results[plan.hash] = self.inner(plan)
+        return self.results[plan.hash]
+
+    def builds(self):
+        return len(self.results)
+
+
+def _context(tmp_path, space, harness, builds=12, seed=0, accuracy_budget=0.01):
+    config = tiny_config(tmp_path, budget={"builds": builds, "stall_episodes": 50}, accuracy_budget=accuracy_budget)
+    return strategies.SearchContext(config, space, harness.evaluate, harness.builds, seed=seed, stall=50)
+
+
+@pytest.mark.parametrize("name", ["random", "greedy", "optuna"])
+def test_strategies_propose_valid_plans_within_budget(tmp_path, space, name):
+    harness = Harness(space)
+    context = _context(tmp_path, space, harness, builds=12)
+    getattr(strategies, f"search_{name}")(context)
+    assert 1 <= harness.builds() <= 12
+    if name != "greedy":
+        assert harness.builds() == 12
+
+
+def test_random_is_reproducible_by_seed(tmp_path, space):
+    runs = []
+    for seed in (3, 3, 4):
+        harness = Harness(space)
+        strategies.search_random(_context(tmp_path, space, harness, builds=6, seed=seed))
+        runs.append([p.hash for p in harness.plans])
+    assert runs[0] == runs[1] != runs[2]
+
+
+def test_greedy_starts_all_int8_and_reverts_the_most_sensitive_layer_first(tmp_path, space):
+    harness = Harness(space)
+    all_int8 = harness.inner(space.uniform("int8"))
+    # a budget all-INT8 misses by a little: reverting the single most sensitive layer must meet it
+    context = _context(tmp_path, space, harness, builds=30, accuracy_budget=all_int8.accuracy_drop * 0.7)
+    strategies.search_greedy(context)
+    assert harness.plans[0] == space.uniform("int8")
+    n_groups = len(space.groups)
+    sensitivities = harness.plans[1 : 1 + n_groups]
+    assert all(len(p.layers_in("fp32")) == 1 for p in sensitivities)
+    gains = {p.layers_in("fp32")[0]: all_int8.accuracy_drop - harness.results[p.hash].accuracy_drop for p in sensitivities}
+    first_revert = harness.plans[1 + n_groups]
+    assert first_revert.layers_in("fp32") == [max(gains, key=gains.get)]
+    assert any(meets_budget(r, context.config.accuracy_budget) for r in harness.results.values())
+
+
+def test_optuna_survives_failed_builds(tmp_path, space):
+    harness = Harness(space, fail_knob=("graph_optimization_level", "basic"))
+    strategies.search_optuna(_context(tmp_path, space, harness, builds=15))
+    statuses = {r.status for r in harness.results.values()}
+    assert harness.builds() == 15 and "ok" in statuses
+
+
+def test_stall_stops_a_strategy_that_only_hits_the_store(tmp_path, space):
+    harness = Harness(space)
+    context = _context(tmp_path, space, harness, builds=10_000)
+    strategies.search_random(context)  # the tiny space has a finite number of plans
+    assert context.exhausted() and harness.builds() < 10_000
+
+
+@pytest.mark.parametrize("strategy", ["random", "greedy", "optuna", "int8"])
+def test_each_strategy_writes_the_same_run_layout_with_real_builds(tmp_path, strategy):
+    config = tiny_config(tmp_path, name=f"tiny-{strategy}", budget={"builds": 6})
+    summary = tune(config, strategy=strategy, isolate=False, progress=False)
+    run = config.run_dir
+    for path in ("config.yaml", "trials.sqlite", "tb", "best/model.onnx", "best/plan.json", "summary.json"):
+        assert (run / path).exists(), path
+    with TrialStore(run / "trials.sqlite") as store:
+        assert len(store) == (1 if strategy == "int8" else 6)
+        assert store.get_meta("strategy") == strategy
+        assert set(store.measure_counts().values()) == {1}
+    assert summary["builds"] == len(list(TrialStore(run / "trials.sqlite").trials()))
+
+
+def test_fp16_strategy_is_refused_where_the_backend_has_no_fp16(tmp_path):
+    with pytest.raises(ConfigError, match="offers no fp16"):
+        tune(tiny_config(tmp_path), strategy="fp16", isolate=False, progress=False)
