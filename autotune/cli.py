@@ -109,6 +109,15 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from autotune.report import report
+
+    paths = report(args.run_dirs)
+    for key, path in paths.items():
+        print(f"{key}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="autotune", description=__doc__)
@@ -148,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--rank", type=int, default=1, help="1 = the winner")
     export.add_argument("--out", help="output folder (default RUN_DIR/best)")
     export.set_defaults(handler=_export)
+
+    report = commands.add_parser("report", help="write report.md and figures into a run directory")
+    report.add_argument("run_dirs", nargs="+", help="the run to report on, then runs to overlay in the progress plot")
+    report.set_defaults(handler=_report)
     return parser
 
 

@@ -11,6 +11,29 @@ from autotune.search.reward import meets_budget, reward
 from autotune.trial import TrialResult
 
 
+CUSTOM_SCALARS = {
+    "reward": {
+        "reward per episode and best so far": ["Multiline", ["trial/reward", "best/reward"]],
+        "failed builds": ["Multiline", ["trial/failed"]],
+    },
+    "latency": {
+        "speedup over FP32": ["Multiline", ["trial/speedup", "best/speedup"]],
+        "median latency (ms)": ["Multiline", ["trial/latency_ms"]],
+        "build seconds": ["Multiline", ["trial/build_s"]],
+    },
+    "accuracy": {
+        "accuracy drop": ["Multiline", ["trial/accuracy_drop", "best/accuracy_drop"]],
+        "accuracy": ["Multiline", ["trial/accuracy"]],
+    },
+    "agent health": {
+        "entropy": ["Multiline", ["train/entropy_loss"]],
+        "value loss": ["Multiline", ["train/value_loss"]],
+        "explained variance": ["Multiline", ["train/explained_variance"]],
+    },
+}
+"""TensorBoard's Custom Scalars tab groups the tags like this."""
+
+
 class RunMonitor:
     """Records every episode's trial to TensorBoard and keeps the best-so-far.
 
@@ -29,6 +52,7 @@ class RunMonitor:
 
         self.config = config
         self.writer = SummaryWriter(str(log_dir))
+        self.writer.add_custom_scalars(CUSTOM_SCALARS)
         self.episodes = 0
         self.builds = builds_done
         self.best_reward = -math.inf

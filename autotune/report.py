@@ -1,0 +1,251 @@
+"""``autotune report``: what a run found and how the search went, as report.md and PNG figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from autotune.config import TuneConfig
+from autotune.rundir import RunDir, write_atomic
+from autotune.search.reward import meets_budget, reward
+from autotune.store import TrialStore
+from autotune.trial import TrialResult
+
+FIGURE_SIZE = (8.0, 5.0)
+DPI = 100
+PRECISION_COLOURS = {"fp32": "#9e9e9e", "fp16": "#64b5f6", "bf16": "#4db6ac", "int8": "#ef6c00", "fp8": "#ab47bc"}
+
+
+@dataclass
+class RunData:
+    """One run as the report needs it."""
+
+    run: RunDir
+    config: TuneConfig
+    trials: list[TrialResult]
+    confirmations: dict[str, TrialResult]
+    summary: dict | None
+
+    @property
+    def label(self) -> str:
+        """The run's name."""
+        return self.config.name
+
+    def rewards(self) -> list[float]:
+        """Reward of every trial, in build order."""
+        return [reward(t, self.config.reward, self.config.accuracy_budget) for t in self.trials]
+
+
+def load_run(path: str | Path) -> RunData:
+    """Reads a run directory."""
+    run, config = RunDir.open(path)
+    with TrialStore(run.store) as store:
+        trials = list(store.trials())
+        confirmations = store.confirmations()
+    summary = json.loads(run.summary.read_text()) if run.summary.exists() else None
+    return RunData(run, config, trials, confirmations, summary)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (speedup, drop) points no other point beats on both (higher speedup, lower drop), by speedup."""
+    front = []
+    best_drop = float("inf")
+    for speedup, drop in sorted(points, key=lambda p: (-p[0], p[1])):
+        if drop < best_drop:
+            front.append((speedup, drop))
+            best_drop = drop
+    return sorted(front)
+
+
+def layer_sensitivities(data: RunData) -> dict[str, float]:
+    """Per-layer accuracy drop estimated from all successful trials, assuming drops add up across layers.
+
+    Drops of per-layer INT8 choices are close to additive (measurements-cpu.md), so a least-squares fit of
+    ``drop = sum of the quantized layers' sensitivities`` over the trials gives each layer's cost.
+    """
+    ok = [t for t in data.trials if t.ok and t.accuracy_drop is not None]
+    if not ok:
+        return {}
+    names = [name for name, _ in ok[0].plan.precisions]
+    design = np.array([[p != "fp32" for _, p in t.plan.precisions] for t in ok], dtype=float)
+    drops = np.array([t.accuracy_drop for t in ok])
+    ridge = 1e-6 * np.eye(len(names))
+    solution = np.linalg.solve(design.T @ design + ridge, design.T @ drops)
+    return dict(zip(names, np.clip(solution, 0.0, None).tolist(), strict=True))
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_pareto(data: RunData, path: Path) -> None:
+    """Every trial as speedup against accuracy drop, the Pareto front, the budget, and the reference plans."""
+    plt = _plt()
+    figure, axes = plt.subplots(figsize=FIGURE_SIZE, dpi=DPI)
+    ok = [t for t in data.trials if t.ok]
+    axes.scatter([t.speedup for t in ok], [t.accuracy_drop for t in ok], s=14, alpha=0.5, label="trials (search data)")
+    front = pareto_front([(t.speedup, t.accuracy_drop) for t in ok])
+    if front:
+        axes.step(*zip(*front, strict=True), where="post", color="black", linewidth=1, label="Pareto front")
+    axes.axhline(data.config.accuracy_budget, color="red", linestyle="--", linewidth=1, label="accuracy budget")
+    marks = {"FP32": "fp32", "all-INT8": "int8"}
+    for label, precision in marks.items():
+        match = [t for t in ok if {p for _, p in t.plan.precisions} == {precision}]
+        if match:
+            axes.scatter([match[0].speedup], [match[0].accuracy_drop], marker="s", s=60, label=label, zorder=3)
+    if data.summary:
+        winner = data.summary["winner"]
+        axes.scatter(
+            [winner["speedup"]],
+            [winner["accuracy_drop"]],
+            marker="*",
+            s=220,
+            color="gold",
+            edgecolor="black",
+            zorder=4,
+            label="winner (confirmed, held-out)",
+        )
+    axes.set_xlabel("speedup over FP32 (x, measured interleaved)")
+    axes.set_ylabel(f"accuracy drop ({data.config.metric.name}, metric units)")
+    axes.set_title(f"{data.label}: {len(data.trials)} trials")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_best_so_far(runs: list[RunData], path: Path) -> None:
+    """Best-so-far reward against builds, one line per run."""
+    plt = _plt()
+    figure, axes = plt.subplots(figsize=FIGURE_SIZE, dpi=DPI)
+    for data in runs:
+        curve = np.maximum.accumulate(data.rewards()) if data.trials else []
+        axes.plot(np.arange(1, len(curve) + 1), curve, label=data.label)
+    axes.set_xlabel("builds")
+    axes.set_ylabel("best-so-far reward (log speedup - penalty)")
+    axes.set_title("search progress")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_layers(
+    data: RunData, winner: dict[str, str], sensitivities: dict[str, float], shares: dict[str, float], path: Path
+) -> None:
+    """The winner's precision per layer in graph order, with each layer's sensitivity and share of FP32 time."""
+    plt = _plt()
+    names = list(winner)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(8.0, 0.22 * len(names) + 2), 6), dpi=DPI, sharex=True)
+    x = np.arange(len(names))
+    colours = [PRECISION_COLOURS.get(winner[n], "black") for n in names]
+    top.bar(x, [100 * shares.get(n, 0.0) for n in names], color=colours)
+    top.set_ylabel("share of FP32 time (%)")
+    top.set_title(f"{data.label}: winner's precision per layer (colour)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for p, c in PRECISION_COLOURS.items() if p in winner.values()]
+    top.legend(handles, [p for p in PRECISION_COLOURS if p in winner.values()], fontsize=8, loc="upper right")
+    bottom.bar(x, [sensitivities.get(n, 0.0) for n in names], color=colours)
+    bottom.set_ylabel("est. drop if INT8")
+    bottom.set_xlabel("tunable layer (graph order)")
+    bottom.set_xticks(x, [str(i) for i in x], fontsize=7)
+    for axes in (top, bottom):
+        axes.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, float], figures: list[str]) -> str:
+    ok = [t for t in data.trials if t.ok]
+    within = [t for t in ok if meets_budget(t, data.config.accuracy_budget)]
+    lines = [f"# Report: {data.label}", ""]
+    lines += [
+        f"- trials built: {len(data.trials)} ({len(data.trials) - len(ok)} failed); within the accuracy budget: "
+        f"{len(within)}",
+        f"- accuracy budget: {data.config.accuracy_budget} ({data.config.metric.name})",
+    ]
+    if data.summary:
+        winner = data.summary["winner"]
+        lines.append(
+            f"- winner: {_fmt(winner['speedup'], '.3f')}x, drop {_fmt(winner['accuracy_drop'], '.5f')} "
+            f"on held-out data ({data.summary['plan']})"
+        )
+    lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
+    from autotune.tune import ranking
+
+    ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget)
+    winner_plan = ranked[0].plan if ranked else None
+    lines += [
+        "## Confirmed plans (held-out data, longer protocol)",
+        "",
+        "| rank | plan | speedup | drop | within budget | differs from the winner in |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rank, result in enumerate(ranked, 1):
+        diff = winner_plan.diff(result.plan) if winner_plan else []
+        diff_text = "; ".join(diff[:6]) + (f"; ... ({len(diff)} in all)" if len(diff) > 6 else "") or "(winner)"
+        lines.append(
+            f"| {rank} | `{result.plan.hash}` | {_fmt(result.speedup, '.3f')} | {_fmt(result.accuracy_drop, '.5f')} "
+            f"| {'yes' if meets_budget(result, data.config.accuracy_budget) else 'no'} | {diff_text} |"
+        )
+    if winner_plan is not None:
+        lines += [
+            "",
+            "## Winner per layer",
+            "",
+            "| # | layer | precision | share of FP32 time | est. drop if INT8 |",
+            "|---|---|---|---|---|",
+        ]
+        for index, (name, precision) in enumerate(winner_plan.precisions):
+            lines.append(
+                f"| {index} | {name} | {precision} | {_fmt(100 * shares.get(name, 0.0), '.1f')}% "
+                f"| {_fmt(sensitivities.get(name), '.2e')} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def report(run_dirs: list[str | Path], profile: bool = True) -> dict[str, Path]:
+    """Writes report.md and the figures into the first run directory.
+
+    Args:
+        run_dirs: One or more run directories; the first is reported on, all are overlaid in the progress plot.
+        profile: Profile the FP32 model for each layer's share of runtime.
+
+    Returns:
+        Paths of what was written.
+    """
+    runs = [load_run(path) for path in run_dirs]
+    data = runs[0]
+    out = data.run.root
+    shares: dict[str, float] = {}
+    if profile:
+        from autotune.api import analyze
+
+        model, _ = analyze(data.config)
+        shares = {layer.name: layer.runtime_share or 0.0 for layer in model.layers}
+    sensitivities = layer_sensitivities(data)
+    paths = {"pareto": out / "pareto.png", "progress": out / "progress.png"}
+    plot_pareto(data, paths["pareto"])
+    plot_best_so_far(runs, paths["progress"])
+    winner = data.summary and data.confirmations.get(data.summary["plan_hash"])
+    if winner:
+        paths["layers"] = out / "layers.png"
+        plot_layers(data, winner.plan.precision_map, sensitivities, shares, paths["layers"])
+    paths["report"] = out / "report.md"
+    figures = [str(p) for key, p in paths.items() if key != "report"]
+    write_atomic(paths["report"], _markdown(data, sensitivities, shares, figures))
+    return paths

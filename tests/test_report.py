@@ -1,0 +1,67 @@
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from autotune.report import layer_sensitivities, load_run, pareto_front, report
+from autotune.search.reward import meets_budget
+from autotune.testing import tiny_config
+from autotune.tune import tune
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [(1.0, 0.0), (2.0, 0.01), (1.5, 0.02), (3.0, 0.05), (2.5, 0.05)]
+    assert pareto_front(points) == [(1.0, 0.0), (2.0, 0.01), (3.0, 0.05)]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    config = tiny_config(root, name="rep", budget={"builds": 12})
+    tune(config, strategy="random", isolate=False, progress=False)
+    return config
+
+
+def test_report_writes_figures_and_numbers_that_match_the_store(finished_run, tmp_path):
+    other = tiny_config(tmp_path, name="other", budget={"builds": 4})
+    tune(other, strategy="random", isolate=False, progress=False)
+    paths = report([finished_run.run_dir, other.run_dir])
+    for key in ("pareto", "progress", "layers"):
+        image = Image.open(paths[key])
+        assert image.format == "PNG"
+        assert image.size[0] >= 700 and image.size[1] >= 450, image.size
+        pixels = np.asarray(image.convert("L"))
+        assert pixels.std() > 10  # not a blank canvas
+
+    text = paths["report"].read_text()
+    data = load_run(finished_run.run_dir)
+    ok = [t for t in data.trials if t.ok]
+    within = [t for t in ok if meets_budget(t, finished_run.accuracy_budget)]
+    assert f"trials built: {len(data.trials)} ({len(data.trials) - len(ok)} failed)" in text
+    assert f"within the accuracy budget: {len(within)}" in text
+    winner = data.confirmations[data.summary["plan_hash"]]
+    assert f"winner: {winner.speedup:.3f}x, drop {winner.accuracy_drop:.5f}" in text
+    rows = re.findall(r"^\| (\d+) \| `([0-9a-f]{16})` \| ([\d.]+) \| ([\d.]+) \|", text, flags=re.M)
+    assert len(rows) == len(data.confirmations)
+    for _, plan_hash, speedup, drop in rows:
+        confirmed = data.confirmations[plan_hash]
+        assert float(speedup) == pytest.approx(confirmed.speedup, abs=1e-3)
+        assert float(drop) == pytest.approx(confirmed.accuracy_drop, abs=1e-5)
+    assert rows[0][1] == data.summary["plan_hash"]
+
+
+def test_layer_sensitivities_recover_additive_drops(finished_run):
+    from autotune.plan import Plan
+    from autotune.trial import TrialResult
+
+    data = load_run(finished_run.run_dir)
+    truth = {"fc1": 0.001, "fc2": 0.03, "fc3": 0.0, "head": 0.005}
+    plans = [Plan.make({n: ("int8" if n == only else "fp32") for n in truth}) for only in truth]
+    plans.append(Plan.make(dict.fromkeys(truth, "int8")))
+    data.trials = [
+        TrialResult(plan=p, speedup=1.0, accuracy_drop=sum(truth[n] for n in p.layers_in("int8"))) for p in plans
+    ]
+    estimates = layer_sensitivities(data)
+    for name, value in truth.items():
+        assert estimates[name] == pytest.approx(value, abs=1e-5)
