@@ -10,7 +10,6 @@ from autotune.config import TuneConfig
 from autotune.search.reward import meets_budget, reward
 from autotune.trial import TrialResult
 
-
 CUSTOM_SCALARS = {
     "reward": {
         "reward per episode and best so far": ["Multiline", ["trial/reward", "best/reward"]],

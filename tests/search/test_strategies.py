@@ -73,7 +73,9 @@ def test_greedy_starts_all_int8_and_reverts_the_most_sensitive_layer_first(tmp_p
     n_groups = len(space.groups)
     sensitivities = harness.plans[1 : 1 + n_groups]
     assert all(len(p.layers_in("fp32")) == 1 for p in sensitivities)
-    gains = {p.layers_in("fp32")[0]: all_int8.accuracy_drop - harness.results[p.hash].accuracy_drop for p in sensitivities}
+    gains = {
+        p.layers_in("fp32")[0]: all_int8.accuracy_drop - harness.results[p.hash].accuracy_drop for p in sensitivities
+    }
     first_revert = harness.plans[1 + n_groups]
     assert first_revert.layers_in("fp32") == [max(gains, key=gains.get)]
     assert any(meets_budget(r, context.config.accuracy_budget) for r in harness.results.values())
