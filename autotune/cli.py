@@ -167,16 +167,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; errors a user can fix are printed without a traceback."""
     args = build_parser().parse_args(argv)
+    from autotune.backends import BackendUnavailable, BuildError
     from autotune.evaluate import SetupError
     from autotune.store import StoreError
 
     try:
         return args.handler(args)
-    except (ConfigError, SetupError, StoreError) as error:
+    except (ConfigError, SetupError, StoreError, BackendUnavailable, BuildError) as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
+        print(
+            "autotune: interrupted; measured trials are kept: continue with `autotune resume runs/<name>`",
+            file=sys.stderr,
+        )
         return 130
 
 

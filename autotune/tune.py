@@ -144,14 +144,16 @@ def tune(
     """
     if resume_dir is not None:
         run, config = RunDir.open(resume_dir)
-    else:
-        if config is None:
-            raise ConfigError("tune() needs a config, or resume_dir to continue a run")
-        run = RunDir.create(config)
+    elif config is None:
+        raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     started = time.time()
+    # Model, backend and search space are checked before the run directory exists: a run that cannot start
+    # leaves nothing behind that a resume would trust.
     _, space = analyze(config)
     if strategy in ("fp16", "bf16", "fp8") and space.uniform(strategy) == space.uniform("fp32"):
         raise ConfigError(f"strategy {strategy}: the {config.backend.name} backend offers no {strategy} layer here")
+    if resume_dir is None:
+        run = RunDir.create(config)
     with TrialStore(run.store) as store:
         if resume_dir is not None:
             strategy = str(store.get_meta("strategy", strategy))

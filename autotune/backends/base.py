@@ -94,5 +94,7 @@ class Backend(ABC):
     def export(self, artifact: Any, model: onnx.ModelProto, out_dir: Path) -> list[Path]:
         """Writes the deployable files of an artifact into ``out_dir`` and returns their paths."""
         path = out_dir / "model.onnx"
-        onnx.save(model, str(path))
+        tmp = out_dir / ".model.onnx.tmp"
+        onnx.save(model, str(tmp))
+        tmp.replace(path)  # readers see the old model or the new one, never a torn file
         return [path]

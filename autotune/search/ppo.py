@@ -120,5 +120,10 @@ def train(
     # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
     total_steps = episode_length * (config.budget.builds + config.budget.stall_episodes) * 50
     callback = _make_callback(config, builds, checkpoints, builds())
-    model.learn(total_timesteps=total_steps, callback=callback, reset_num_timesteps=not resume, log_interval=1)
+    try:
+        model.learn(total_timesteps=total_steps, callback=callback, reset_num_timesteps=not resume, log_interval=1)
+    except KeyboardInterrupt:
+        # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
+        callback._save()
+        raise
     return model
