@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in pyproject.toml: pip takes the CPU build, not a multi-GB CUDA one.
 	$(BIN)/python -m pip install --quiet -e ".[dev,minilm]"
+	# TensorRT 11.4's Python bindings alone (no libraries): the API-conformance test imports them against stubs.
+	$(BIN)/python -m pip install --quiet --no-deps tensorrt-cu13-bindings==11.4.0.106
 	touch $(STAMP)
 
 install: $(STAMP)

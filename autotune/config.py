@@ -161,9 +161,15 @@ class MeasureConfig(_Strict):
 
 
 class RewardConfig(_Strict):
-    """``log(t_ref / t_plan) - accuracy_penalty * max(0, drop - accuracy_budget)``; failures get ``failure``."""
+    """``log(t_ref / t_plan) - accuracy_penalty * excess``, where excess is ``max(0, drop - accuracy_budget)``.
 
-    accuracy_penalty: float = Field(100.0, ge=0)
+    With ``penalty_units: budget`` (default) the excess is measured in budgets (``excess / accuracy_budget``), so
+    one penalty weight works for any metric scale: with the default 5, a plan 10% over the budget loses 0.5, as
+    much as a 1.65x speedup gains. With ``metric`` the excess is in the metric's own units. Failures get ``failure``.
+    """
+
+    accuracy_penalty: float = Field(5.0, ge=0)
+    penalty_units: Literal["budget", "metric"] = "budget"
     failure: float = -1.0
 
 

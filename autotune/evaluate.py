@@ -171,7 +171,10 @@ class TrialRunner:
             accuracy = self._score(outputs, split)
             feeds = self.datasets[split].batches[0]
             latency = interleaved(
-                lambda: self.backend.run(artifact, feeds), lambda: self.backend.run(self.reference, feeds), protocol
+                lambda: self.backend.time_run(artifact, feeds),
+                lambda: self.backend.time_run(self.reference, feeds),
+                protocol,
+                self_timed=True,
             )
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
             return TrialResult.failure(

@@ -11,6 +11,7 @@ import numpy as np
 from autotune.config import TuneConfig
 from autotune.rundir import RunDir, write_atomic
 from autotune.search.reward import meets_budget, reward
+from autotune.search.select import pareto_front
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
@@ -49,17 +50,6 @@ def load_run(path: str | Path) -> RunData:
     return RunData(run, config, trials, confirmations, summary)
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (speedup, drop) points no other point beats on both (higher speedup, lower drop), by speedup."""
-    front = []
-    best_drop = float("inf")
-    for speedup, drop in sorted(points, key=lambda p: (-p[0], p[1])):
-        if drop < best_drop:
-            front.append((speedup, drop))
-            best_drop = drop
-    return sorted(front)
-
-
 def layer_sensitivities(data: RunData) -> dict[str, float]:
     """Per-layer accuracy drop estimated from all successful trials, assuming drops add up across layers.
 
@@ -92,7 +82,7 @@ def plot_pareto(data: RunData, path: Path) -> None:
     figure, axes = plt.subplots(figsize=FIGURE_SIZE, dpi=DPI)
     ok = [t for t in data.trials if t.ok]
     axes.scatter([t.speedup for t in ok], [t.accuracy_drop for t in ok], s=14, alpha=0.5, label="trials (search data)")
-    front = pareto_front([(t.speedup, t.accuracy_drop) for t in ok])
+    front = sorted((t.speedup, t.accuracy_drop) for t in pareto_front(ok))
     if front:
         axes.step(*zip(*front, strict=True), where="post", color="black", linewidth=1, label="Pareto front")
     axes.axhline(data.config.accuracy_budget, color="red", linestyle="--", linewidth=1, label="accuracy budget")

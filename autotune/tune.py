@@ -12,17 +12,11 @@ from autotune.evaluate import Evaluator
 from autotune.monitor import RunMonitor
 from autotune.plan import Plan
 from autotune.rundir import RunDir, write_json
-from autotune.search.reward import meets_budget, reward
+from autotune.search.reward import meets_budget
+from autotune.search.select import confirmation_order
 from autotune.search.space import SearchSpace
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
-
-
-def finalists(store: TrialStore, config: TuneConfig) -> list[Plan]:
-    """The ``confirm.top_k`` best distinct successful plans by search reward."""
-    ok = [r for r in store.trials() if r.ok]
-    ok.sort(key=lambda r: reward(r, config.reward, config.accuracy_budget), reverse=True)
-    return [r.plan for r in ok[: config.confirm.top_k]]
 
 
 def ranking(confirmed: list[TrialResult], accuracy_budget: float) -> list[TrialResult]:
@@ -39,6 +33,21 @@ def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[
     """Confirms each plan once per run (a resumed run reuses earlier confirmations)."""
     done = store.confirmations()
     return [done[plan.hash] if plan.hash in done else evaluator.confirm(plan) for plan in plans]
+
+
+def confirm_finalists(evaluator: Evaluator, store: TrialStore, config: TuneConfig, fp32: Plan) -> list[TrialResult]:
+    """Confirms the ``confirm.top_k`` best bets and FP32.
+
+    While no finalist meets the budget on held-out data, goes on down the list, up to ``top_k`` more.
+    """
+    order = [r.plan for r in confirmation_order(store.trials(), config) if r.plan_hash != fp32.hash]
+    top_k = config.confirm.top_k
+    confirmed = confirm(evaluator, store, [*order[:top_k], fp32])
+    for plan in order[top_k : 2 * top_k]:
+        if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
+            break
+        confirmed += confirm(evaluator, store, [plan])
+    return confirmed
 
 
 def export_ranked(
@@ -174,10 +183,9 @@ def tune(
                 if evaluator.builds < config.budget.builds:
                     run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
                 store.set_meta("wall_s", wall_before + time.time() - started)
-                plans = finalists(store, config)
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
-                confirmed = confirm(evaluator, store, [*plans, fp32])
+                confirmed = confirm_finalists(evaluator, store, config, fp32)
                 ranked = ranking(confirmed, config.accuracy_budget)
                 summary = export_ranked(run, config, evaluator, store)
                 summary["ranking"] = [

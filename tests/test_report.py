@@ -4,15 +4,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from autotune.report import layer_sensitivities, load_run, pareto_front, report
+from autotune.report import layer_sensitivities, load_run, report
 from autotune.search.reward import meets_budget
 from autotune.testing import tiny_config
 from autotune.tune import tune
-
-
-def test_pareto_front_keeps_only_undominated_points():
-    points = [(1.0, 0.0), (2.0, 0.01), (1.5, 0.02), (3.0, 0.05), (2.5, 0.05)]
-    assert pareto_front(points) == [(1.0, 0.0), (2.0, 0.01), (3.0, 0.05)]
 
 
 @pytest.fixture(scope="module")

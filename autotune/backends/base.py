@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,15 @@ class Backend(ABC):
     @abstractmethod
     def run(self, artifact: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Runs one batch and returns the outputs in graph order."""
+
+    def time_run(self, artifact: Any, feeds: Mapping[str, np.ndarray]) -> float:
+        """Milliseconds of one run, as the latency protocol times it.
+
+        The default times ``run`` with the wall clock; a GPU backend overrides it with device events.
+        """
+        start = time.perf_counter()
+        self.run(artifact, feeds)
+        return (time.perf_counter() - start) * 1e3
 
     def profile(
         self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]

@@ -9,7 +9,10 @@ from autotune.trial import TrialResult
 
 
 def reward(result: TrialResult, config: RewardConfig, accuracy_budget: float) -> float:
-    """``log(t_ref / t_plan) - accuracy_penalty * max(0, drop - budget)``, or ``config.failure`` for a failed trial.
+    """``log(t_ref / t_plan) - accuracy_penalty * excess``, or ``config.failure`` for a failed trial.
+
+    The excess is ``max(0, drop - budget)``, divided by the budget when ``config.penalty_units`` is ``budget``
+    (and the budget is positive).
 
     The latency term is scale-free (a log ratio to the FP32 reference timed in the same process), so the
     reward needs no normalisation and machine drift cancels.
@@ -25,6 +28,8 @@ def reward(result: TrialResult, config: RewardConfig, accuracy_budget: float) ->
     if not result.ok or result.speedup is None or result.accuracy_drop is None or result.speedup <= 0:
         return config.failure
     excess = max(0.0, result.accuracy_drop - accuracy_budget)
+    if config.penalty_units == "budget" and accuracy_budget > 0:
+        excess /= accuracy_budget
     return math.log(result.speedup) - config.accuracy_penalty * excess
 
 

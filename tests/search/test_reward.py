@@ -31,13 +31,27 @@ def test_negative_drop_no_bonus():
 
 
 def test_penalty_only_above_budget():
-    config = RewardConfig(accuracy_penalty=100.0)
+    config = RewardConfig(accuracy_penalty=100.0, penalty_units="metric")
     # drop 0.03, budget 0.01: excess 0.02 x 100 = 2
     assert reward(_ok(2.0, 0.03), config, 0.01) == pytest.approx(math.log(2.0) - 2.0)
     # penalty 10, drop 0.5, budget 0.1: excess 0.4 x 10 = 4
-    assert reward(_ok(4.0, 0.5), RewardConfig(accuracy_penalty=10.0), 0.1) == pytest.approx(math.log(4.0) - 4.0)
-    assert reward(_ok(4.0, 0.5), RewardConfig(accuracy_penalty=0.0), 0.1) == pytest.approx(math.log(4.0))
+    assert reward(_ok(4.0, 0.5), RewardConfig(accuracy_penalty=10.0, penalty_units="metric"), 0.1) == pytest.approx(
+        math.log(4.0) - 4.0
+    )
+    assert reward(_ok(4.0, 0.5), RewardConfig(accuracy_penalty=0.0, penalty_units="metric"), 0.1) == pytest.approx(
+        math.log(4.0)
+    )
     assert reward(_ok(2.0, 0.03), config, 0.0) == pytest.approx(math.log(2.0) - 3.0)
+
+
+def test_penalty_in_budget_units_is_scale_free():
+    config = RewardConfig(accuracy_penalty=5.0)
+    # 10% over a budget of 0.002 costs 0.5, the same as 10% over a budget of 0.2
+    assert reward(_ok(2.0, 0.0022), config, 0.002) == pytest.approx(math.log(2.0) - 0.5)
+    assert reward(_ok(2.0, 0.22), config, 0.2) == pytest.approx(math.log(2.0) - 0.5)
+    assert reward(_ok(2.0, 0.0019), config, 0.002) == pytest.approx(math.log(2.0))
+    # a zero budget has no scale: the excess stays in metric units
+    assert reward(_ok(2.0, 0.03), config, 0.0) == pytest.approx(math.log(2.0) - 0.15)
 
 
 def test_failure_gets_config_failure():
