@@ -12,6 +12,7 @@ from autotune.evaluate import Evaluator
 from autotune.monitor import RunMonitor
 from autotune.plan import Plan
 from autotune.rundir import RunDir, write_json
+from autotune.search.estimate import LayerEstimates, fit_additive
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order
 from autotune.search.space import SearchSpace
@@ -99,6 +100,25 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
     }
 
 
+class StoreEstimates:
+    """Per-layer estimates fitted from the store, refitted every ``every`` new trials."""
+
+    def __init__(self, store: TrialStore, layer_names: list[str], every: int = 5):
+        self.store = store
+        self.layer_names = layer_names
+        self.every = every
+        self._fitted_at = -every
+        self._estimates: LayerEstimates | None = None
+
+    def __call__(self) -> LayerEstimates | None:
+        """The current estimates, or None while there are too few trials."""
+        count = len(self.store)
+        if count - self._fitted_at >= self.every:
+            self._estimates = fit_additive(self.layer_names, self.store.trials())
+            self._fitted_at = count
+        return self._estimates
+
+
 def run_search(
     config: TuneConfig,
     space: SearchSpace,
@@ -112,7 +132,8 @@ def run_search(
     if strategy == "ppo":
         from autotune.search.ppo import train
 
-        train(config, space, evaluate, lambda: evaluator.builds, run.tensorboard, run.checkpoints, resume=resume)
+        estimates = StoreEstimates(evaluator.store, space.layer_names)
+        train(config, space, evaluate, lambda: evaluator.builds, run.tensorboard, run.checkpoints, resume, estimates)
         return
     from autotune.search import strategies
 

@@ -15,6 +15,7 @@ import numpy as np
 from autotune.config import RewardConfig
 from autotune.plan import Plan
 from autotune.search.episode import action_count, action_mask, decisions, observation_size, observe, plan_from_actions
+from autotune.search.estimate import LayerEstimates
 from autotune.search.reward import reward
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
@@ -29,6 +30,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         reward_config: Penalty weights.
         accuracy_budget: Drop allowed without penalty.
         render_mode: ``"ansi"`` or None.
+        estimates: Returns per-layer estimates fitted from the trials so far (observation features), or None.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -40,12 +42,15 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         reward_config: RewardConfig | None = None,
         accuracy_budget: float = 0.01,
         render_mode: str | None = None,
+        estimates: Callable[[], LayerEstimates | None] | None = None,
     ):
         self.space = space
         self.evaluate = evaluate
         self.reward_config = reward_config or RewardConfig()
         self.accuracy_budget = accuracy_budget
         self.render_mode = render_mode
+        self.estimates = estimates
+        self._episode_estimates: LayerEstimates | None = None
         self.steps = decisions(space)
         if not self.steps:
             raise ValueError(
@@ -68,7 +73,12 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         """Starts a new plan."""
         super().reset(seed=seed)
         self._chosen = []
-        return observe(self.space, self.steps, self._chosen), self._info()
+        # fixed for the episode, so the observations of one episode are consistent
+        self._episode_estimates = self.estimates() if self.estimates is not None else None
+        return self._observe(), self._info()
+
+    def _observe(self) -> np.ndarray:
+        return observe(self.space, self.steps, self._chosen, self._episode_estimates, self.accuracy_budget)
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Takes one decision; the last one builds and measures the plan."""
@@ -77,7 +87,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         # MaskablePPO never sends a masked action; unmasked samplers (env checkers) may, so fold it into range.
         self._chosen.append(int(action) % len(self.steps[len(self._chosen)].options))
         if len(self._chosen) < len(self.steps):
-            return observe(self.space, self.steps, self._chosen), 0.0, False, False, self._info()
+            return self._observe(), 0.0, False, False, self._info()
         plan = plan_from_actions(self.space, self.steps, self._chosen)
         result = self.evaluate(plan)
         self.last_result = result
@@ -95,7 +105,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
             from_store=result.from_store,
             is_success=bool(result.ok and (result.accuracy_drop or 0.0) <= self.accuracy_budget),
         )
-        return observe(self.space, self.steps, self._chosen), float(value), True, False, info
+        return self._observe(), float(value), True, False, info
 
     def render(self) -> str | None:
         """The choices so far, as text."""

@@ -1,6 +1,7 @@
 """Trains the example CNN and writes ``data/cnn.onnx`` and the three ``data/cnn_<split>.npz`` splits.
 
-Run: ``python -m autotune.examples.train_cnn`` (seeded and CPU-only; about a minute on 2 cores).
+Run: ``python -m autotune.examples.train_cnn`` (seeded, CPU-only; under a minute on 2 idle cores;
+the output is byte-identical from run to run).
 
 **Task: digits from a raw 12-bit sensor.** scikit-learn's bundled 8x8 digits (no download) are warped into
 a 16x16 frame (rotation, scale, shear, shift), partly overlaid with a fragment of another digit, sometimes
@@ -17,6 +18,10 @@ keeps only a few levels in the tensors before the GroupNorm: the input (quantize
 output and the ``expand`` output. Keeping ``stem`` and ``expand`` in FP32 recovers almost all of the drop;
 each alone recovers part; the layers after the GroupNorm cost little. ``stem`` is cheap, ``expand`` is one
 of the heavier layers, so the accuracy/latency trade-off is real.
+
+Measured on the shipped model (evaluation / holdout top-1, 2048 images each): FP32 0.9370 / 0.9321;
+all 11 layers INT8 with autotune's ORT recipe 0.9224 / 0.9146, with ORT's ``quantize_static`` (QDQ, U8S8,
+per-channel, MinMax) 0.9111 / 0.9043; the same with ``stem`` and ``expand`` left in FP32 0.9360 / 0.9326.
 
 Base digits are split 60/20/20 into training, evaluation and holdout pools before rendering, so no digit
 drawing appears in two splits; calibration images are fresh renderings of training digits.
@@ -155,6 +160,7 @@ class ConvBNReLU(nn.Module):
         self.bn = nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Conv, BatchNorm, ReLU."""
         return F.relu(self.bn(self.conv(x)))
 
 

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.plan import Plan
+from autotune.search.estimate import LayerEstimates
 from autotune.search.space import SearchSpace
 
 OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 _LAYER_FEATURES = len(OP_TYPES) + 5  # op one-hot, log MACs, log params, depth, runtime share, group size
 _CONTEXT_FEATURES = 4  # progress, fraction of layers quantized so far, fraction of MACs quantized so far, last choice
+_ESTIMATE_FEATURES = 4  # estimated saving and drop of this decision; estimated drop and saving of the choices so far
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def action_mask(steps: Sequence[Decision], step: int, n_actions: int) -> np.ndar
 def observation_size(space: SearchSpace, steps: Sequence[Decision]) -> int:
     """Length of the observation vector."""
     knob_steps = sum(step.kind == "knob" for step in steps)
-    return 2 + _LAYER_FEATURES + knob_steps + _CONTEXT_FEATURES + len(steps)
+    return 2 + _LAYER_FEATURES + knob_steps + _CONTEXT_FEATURES + len(steps) + _ESTIMATE_FEATURES
 
 
 def _layer_features(space: SearchSpace, group: Sequence[int]) -> np.ndarray:
@@ -96,15 +98,48 @@ def _quantized_fractions(space: SearchSpace, steps: Sequence[Decision], chosen: 
     return quantized / max(1, len(space.layers)), macs_quantized / macs_total
 
 
-def observe(space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int]) -> np.ndarray:
+def _estimate_features(
+    space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int], estimates: LayerEstimates, budget: float
+) -> np.ndarray:
+    features = np.zeros(_ESTIMATE_FEATURES, dtype=np.float32)
+    groups = space.groups
+    drop_scale = budget if budget > 0 else max(float(estimates.drop.sum()), 1e-12)
+    max_saving = max(float(estimates.saving.max()), 1e-12)
+    position = len(chosen)
+    if position < len(steps) and steps[position].kind == "layers":
+        members = list(groups[steps[position].index])
+        features[0] = min(1.0, float(estimates.saving[members].sum()) / max_saving)
+        features[1] = min(1.0, float(estimates.drop[members].sum()) / drop_scale)
+    quantized = [
+        i
+        for step, action in zip(steps, chosen, strict=False)
+        if step.kind == "layers" and step.options[action] != "fp32"
+        for i in groups[step.index]
+    ]
+    features[2] = min(1.0, float(estimates.drop[quantized].sum()) / drop_scale / 2)
+    features[3] = min(1.0, float(estimates.saving[quantized].sum()))
+    return features
+
+
+def observe(
+    space: SearchSpace,
+    steps: Sequence[Decision],
+    chosen: Sequence[int],
+    estimates: LayerEstimates | None = None,
+    accuracy_budget: float = 0.0,
+) -> np.ndarray:
     """The observation before step ``len(chosen)``: the current decision's features plus the context.
 
-    Every value lies in [0, 1].
+    Every value lies in [0, 1]. The last values are the fitted per-layer estimates (zeros until there are some):
+    this decision's estimated saving (relative to the largest) and drop (in budgets, capped at 1), and the
+    estimated drop (in budgets / 2, capped) and saving (fraction of FP32 time) of the choices so far.
 
     Args:
         space: The search space.
         steps: ``decisions(space)``.
         chosen: Actions taken so far.
+        estimates: Per-layer estimates fitted from the trials so far, if any.
+        accuracy_budget: The budget, to express drops in budgets.
 
     Returns:
         A float32 vector of ``observation_size(space, steps)`` values.
@@ -131,6 +166,8 @@ def observe(space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int]
     offset += _CONTEXT_FEATURES
     for i, action in enumerate(chosen):
         obs[offset + i] = (action + 1) / len(steps[i].options)
+    if estimates is not None:
+        obs[-_ESTIMATE_FEATURES:] = _estimate_features(space, steps, chosen, estimates, accuracy_budget)
     return obs
 
 

@@ -68,6 +68,7 @@ def train(
     tensorboard_dir: Path,
     checkpoints: Path,
     resume: bool = False,
+    estimates: Callable[[], Any] | None = None,
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
@@ -79,6 +80,7 @@ def train(
         tensorboard_dir: Where SB3 writes its losses, entropy and explained variance.
         checkpoints: Where checkpoints go; ``latest.zip`` is the one ``resume`` loads.
         resume: Continue from ``checkpoints/latest.zip`` when it exists.
+        estimates: Per-layer estimates fitted from the trials so far, for the observations.
 
     Returns:
         The trained model.
@@ -90,7 +92,7 @@ def train(
     from envs.engine_build import EngineBuildEnv
 
     def make_env() -> EngineBuildEnv:
-        return EngineBuildEnv(space, evaluate, config.reward, config.accuracy_budget)
+        return EngineBuildEnv(space, evaluate, config.reward, config.accuracy_budget, estimates=estimates)
 
     venv = DummyVecEnv([make_env])
     venv.seed(config.seed)

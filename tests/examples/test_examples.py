@@ -12,8 +12,8 @@ from autotune.examples import cnn, sentences
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-# Measured by train_cnn.py's model with ORT FP32 on the 2048 evaluation images (see the report in cnn.py).
-CNN_EVALUATION_TOP1 = 0.0
+# ORT FP32 top-1 of the shipped cnn.onnx on the 2048 evaluation images, as printed by train_cnn.py.
+CNN_EVALUATION_TOP1 = 0.9370
 CHANCE = 0.1
 
 

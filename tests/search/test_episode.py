@@ -18,6 +18,7 @@ from autotune.model import InputSpec, Layer, prepare_model
 from autotune.plan import Plan
 from autotune.search.episode import (
     _CONTEXT_FEATURES,
+    _ESTIMATE_FEATURES,
     _LAYER_FEATURES,
     OP_TYPES,
     Decision,
@@ -135,7 +136,7 @@ def test_observation_shape_and_range_along_episode(name):
     steps = decisions(space)
     size = observation_size(space, steps)
     knob_steps = sum(s.kind == "knob" for s in steps)
-    assert size == 2 + _LAYER_FEATURES + knob_steps + _CONTEXT_FEATURES + len(steps)
+    assert size == 2 + _LAYER_FEATURES + knob_steps + _CONTEXT_FEATURES + len(steps) + _ESTIMATE_FEATURES
     rng = np.random.default_rng(0)
     for _ in range(5):
         chosen: list[int] = []
