@@ -284,11 +284,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    """Makes relative file paths in the config relative to the config file's folder."""
+    """Makes relative file paths in the config relative to the config file's folder, and absolute.
+
+    Absolute, so that the resolved copy saved in a run directory still points at the same files.
+    """
 
     def fix(section: dict[str, Any] | None, key: str) -> None:
         if isinstance(section, dict) and isinstance(section.get(key), str) and not Path(section[key]).is_absolute():
-            section[key] = str(base / section[key])
+            section[key] = str((base / section[key]).resolve())
 
     fix(data.get("model"), "onnx")
     for split in ("calibration", "evaluation", "holdout"):

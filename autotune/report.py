@@ -86,11 +86,11 @@ def plot_pareto(data: RunData, path: Path) -> None:
     if front:
         axes.step(*zip(*front, strict=True), where="post", color="black", linewidth=1, label="Pareto front")
     axes.axhline(data.config.accuracy_budget, color="red", linestyle="--", linewidth=1, label="accuracy budget")
-    marks = {"FP32": "fp32", "all-INT8": "int8"}
-    for label, precision in marks.items():
-        match = [t for t in ok if {p for _, p in t.plan.precisions} == {precision}]
-        if match:
-            axes.scatter([match[0].speedup], [match[0].accuracy_drop], marker="s", s=60, label=label, zorder=3)
+    axes.scatter([1.0], [0.0], marker="s", s=60, color="black", label="FP32 (the reference)", zorder=3)
+    all_int8 = [t for t in ok if {p for _, p in t.plan.precisions} == {"int8"}]
+    if all_int8:
+        best = max(all_int8, key=lambda t: t.speedup)
+        axes.scatter([best.speedup], [best.accuracy_drop], marker="D", s=60, color="tab:red", label="all-INT8")
     if data.summary:
         winner = data.summary["winner"]
         axes.scatter(

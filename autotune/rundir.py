@@ -68,7 +68,11 @@ class RunDir:
             )
         try:
             run.root.mkdir(parents=True, exist_ok=True)
-            write_atomic(run.config, dump_config(config))
+            # runs_dir and cache_dir are relative to the working directory: pin them, so resume works from anywhere
+            pinned = config.model_copy(
+                update={"runs_dir": config.runs_dir.resolve(), "cache_dir": config.cache_dir.resolve()}
+            )
+            write_atomic(run.config, dump_config(pinned))
         except OSError as error:
             raise ConfigError(f"cannot write the run directory {run.root}: {error}") from error
         return run

@@ -100,6 +100,9 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
     }
 
 
+FIXED_STRATEGIES = ("fp32", "int8", "fp16", "bf16", "fp8")
+
+
 class StoreEstimates:
     """Per-layer estimates fitted from the store, refitted every ``every`` new trials."""
 
@@ -140,7 +143,7 @@ def run_search(
     context = strategies.SearchContext(
         config, space, evaluate, lambda: evaluator.builds, seed=config.seed, stall=config.budget.stall_episodes
     )
-    if strategy in ("fp32", "int8", "fp16", "bf16", "fp8"):
+    if strategy in FIXED_STRATEGIES:
         strategies.search_fixed(context, strategy)
     elif strategy == "random":
         strategies.search_random(context)
@@ -201,6 +204,10 @@ def tune(
                     store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
                     return result
 
+                if evaluator.builds < config.budget.builds and strategy not in FIXED_STRATEGIES:
+                    # The usual "build with INT8 enabled" is the first trial of every search: the reference point
+                    # a user compares against, and a data point for the per-layer estimates.
+                    evaluate(space.uniform("int8"))
                 if evaluator.builds < config.budget.builds:
                     run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
                 store.set_meta("wall_s", wall_before + time.time() - started)

@@ -272,7 +272,8 @@ def test_load_config_resolves_relative_paths_against_config_folder(tmp_path):
     config = load_config(_write(folder / "c.yaml", data))
     assert config.model.onnx == folder / "models/m.onnx"
     assert config.data.calibration.npz == folder / "data/cal.npz"
-    assert config.data.evaluation.npz == folder / "../eval.npz"
+    assert config.data.evaluation.npz == (folder / "../eval.npz").resolve()
+    assert config.model.onnx.is_absolute()
     assert config.data.holdout.npz == folder / "hold.npz"
 
 

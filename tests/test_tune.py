@@ -145,3 +145,23 @@ def test_config_round_trips_through_the_run_directory(tmp_path):
     config = tiny_config(tmp_path, budget={"builds": 2}, ppo={"episodes_per_update": 2})
     tune(config, isolate=False, progress=False)
     assert load_config(config.run_dir / "config.yaml") == config
+
+
+def test_the_saved_config_points_at_the_same_files_from_any_working_directory(tmp_path, monkeypatch):
+    from autotune.rundir import RunDir
+    from autotune.testing import write_tiny_project
+
+    project = tmp_path / "project"
+    write_tiny_project(project)
+    (project / "c.yaml").write_text(
+        "name: rel\nmodel: {onnx: tiny.onnx}\ninputs: [{name: x, shape: [16, 32]}]\n"
+        "data: {calibration: {npz: calibration.npz}, evaluation: {npz: evaluation.npz}}\n"
+        "metric: {name: top1}\nbudget: {builds: 2}\nmeasure: {warmup: 1, repeats: 2, rounds: 1}\n"
+    )
+    monkeypatch.chdir(project)
+    tune(load_config("c.yaml"), strategy="random", isolate=False, progress=False)
+    monkeypatch.chdir(tmp_path)
+    _, saved = RunDir.open(project / "runs" / "rel")
+    assert saved.model.onnx == project / "tiny.onnx"
+    assert saved.data.evaluation.npz == project / "evaluation.npz"
+    assert saved.runs_dir == project / "runs" and saved.cache_dir == project / ".cache" / "autotune"
