@@ -153,3 +153,14 @@ def synthetic_evaluator(space: Any, seed: int = 0, fail_knob: tuple[str, Any] | 
 
     evaluate.calls = 0
     return evaluate
+
+
+def tiny_space(capabilities: Any = None, **search: Any) -> Any:
+    """The search space of ``tiny_mlp`` at batch 16 (ORT CPU capabilities unless given)."""
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+    from autotune.config import SearchSpaceConfig
+    from autotune.model import InputSpec, prepare_model
+    from autotune.search.space import build_space
+
+    model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
+    return build_space(model.layers, capabilities or OnnxRuntimeCPU().capabilities(), SearchSpaceConfig(**search))

@@ -1,5 +1,3 @@
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -7,19 +5,15 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import RewardConfig, SearchSpaceConfig
-from autotune.model import InputSpec, prepare_model
+from autotune.config import RewardConfig
 from autotune.search.episode import plan_from_actions
-from autotune.search.space import build_space
-from autotune.testing import synthetic_evaluator, tiny_mlp
+from autotune.testing import synthetic_evaluator, tiny_space
 from envs.engine_build import EngineBuildEnv
 
 
 @pytest.fixture()
 def space():
-    model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
-    return build_space(model.layers, OnnxRuntimeCPU().capabilities(), SearchSpaceConfig())
+    return tiny_space()
 
 
 def test_registered_as_nondeterministic():

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.backends.base import Capabilities, Knob
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import SearchSpaceConfig
-from autotune.model import InputSpec, Layer, prepare_model
 from autotune.plan import Plan
 from autotune.search.episode import (
     _CONTEXT_FEATURES,
@@ -30,19 +25,13 @@ from autotune.search.episode import (
     observe,
     plan_from_actions,
 )
-from autotune.search.space import build_space
-from autotune.testing import tiny_mlp
+from autotune.testing import tiny_space
 
 MACS = {"fc1": 16 * 64 * 32, "fc2": 16 * 64 * 64, "fc3": 16 * 64 * 64, "head": 16 * 10 * 64}
 
 
-@cache
-def _layers() -> tuple[Layer, ...]:
-    return tuple(prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")]).layers)
-
-
 def _space(capabilities: Capabilities | None = None, **config):
-    return build_space(list(_layers()), capabilities or OnnxRuntimeCPU().capabilities(), SearchSpaceConfig(**config))
+    return tiny_space(capabilities, **config)
 
 
 def _wide_capabilities() -> Capabilities:

@@ -1,16 +1,10 @@
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import SearchSpaceConfig
-from autotune.model import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.search.episode import decisions, observe
 from autotune.search.estimate import MIN_TRIALS, fit_additive
-from autotune.search.space import build_space
-from autotune.testing import tiny_mlp
+from autotune.testing import tiny_space
 from autotune.trial import TrialResult
 
 NAMES = ["a", "b", "c", "d"]
@@ -39,8 +33,7 @@ def test_too_few_or_failed_trials_give_no_estimate():
 
 
 def test_observation_carries_the_estimates():
-    model = prepare_model(tiny_mlp(), Path("t.onnx"), [InputSpec("x", (16, 32), "float32")])
-    space = build_space(model.layers, OnnxRuntimeCPU().capabilities(), SearchSpaceConfig())
+    space = tiny_space()
     steps = decisions(space)
     names = space.layer_names
     saving = {names[0]: 0.1, names[1]: 0.4, names[2]: 0.2, names[3]: 0.0}

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
-
 import pytest
 
 from autotune.backends.base import Capabilities, Knob
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import SearchSpaceConfig
-from autotune.model import InputSpec, Layer, prepare_model
 from autotune.plan import Plan
-from autotune.search.space import CALIBRATION_KNOB, GRANULARITY_KNOB, build_space
-from autotune.testing import tiny_mlp
+from autotune.search.space import CALIBRATION_KNOB, GRANULARITY_KNOB
+from autotune.testing import tiny_space
 
 NAMES = ["fc1", "fc2", "fc3", "head"]
 ORT_KNOBS = ["graph_optimization_level", "allow_spinning"]
 
 
-@cache
-def _layers() -> tuple[Layer, ...]:
-    return tuple(prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")]).layers)
-
-
 def _space(capabilities: Capabilities | None = None, **config):
-    return build_space(list(_layers()), capabilities or OnnxRuntimeCPU().capabilities(), SearchSpaceConfig(**config))
+    return tiny_space(capabilities, **config)
 
 
 def _wide_capabilities() -> Capabilities:

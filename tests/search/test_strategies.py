@@ -1,22 +1,16 @@
-from pathlib import Path
-
 import pytest
 
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import ConfigError, SearchSpaceConfig
-from autotune.model import InputSpec, prepare_model
+from autotune.config import ConfigError
 from autotune.search import strategies
 from autotune.search.reward import meets_budget
-from autotune.search.space import build_space
 from autotune.store import TrialStore
-from autotune.testing import synthetic_evaluator, tiny_config, tiny_mlp
+from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 from autotune.tune import tune
 
 
 @pytest.fixture()
 def space():
-    model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
-    return build_space(model.layers, OnnxRuntimeCPU().capabilities(), SearchSpaceConfig())
+    return tiny_space()
 
 
 class Harness:
