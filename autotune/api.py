@@ -6,10 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotune.backends import get_backend
+import numpy as np
+import onnx
+
+from autotune.backends import BuildError, get_backend
 from autotune.config import TuneConfig
 from autotune.data import load_dataset
 from autotune.evaluate import Evaluator, SetupError, load_model, search_space, with_runtime_shares
+from autotune.metrics import check_labels
 from autotune.model import LoadedModel
 from autotune.plan import Plan
 from autotune.search.space import SearchSpace
@@ -21,17 +25,64 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
     """Loads the model, profiles its FP32 runtime per layer, and builds the search space.
 
     Raises:
-        SetupError: The model, data or backend cannot be used.
+        SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend).
     """
     try:
         backend = get_backend(config.backend)
         model = load_model(config)
         if profile:
             feeds = load_dataset(config.data.evaluation, model.inputs, "evaluation", config.seed).batches[0]
-            model = with_runtime_shares(model, backend, feeds)
+            try:
+                model = with_runtime_shares(model, backend, feeds)
+            except BuildError as error:
+                raise SetupError(
+                    f"{model.path}: the FP32 model does not run on {backend.name}: {error}; "
+                    f"replace the operator it names, or choose another backend"
+                ) from error
     except (ValueError, OSError) as error:
         raise SetupError(str(error)) from error
     return model, search_space(config, model, backend)
+
+
+def _scores_per_sample(model: onnx.ModelProto, output: str) -> int | None:
+    """The non-batch size of a graph output (the classes of a classifier), or None where a dim is unknown."""
+    for value in model.graph.output:
+        if value.name == output:
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim]
+            if len(dims) >= 2 and all(d > 0 for d in dims[1:]):
+                return int(np.prod(dims[1:]))
+    return None
+
+
+def check_data(config: TuneConfig, model: LoadedModel) -> None:
+    """Loads every data split and checks it against the model's inputs and the metric.
+
+    The trial process checks the same, but only once the run directory exists: ``tune`` calls this first, so
+    bad data (or labels that do not fit the metric) leaves nothing behind that a resume would trust.
+
+    Args:
+        config: The run's config.
+        model: The loaded model (``analyze``).
+
+    Raises:
+        SetupError: A split is missing, empty, of the wrong shape or dtype, or not finite; its labels do not fit
+            the metric; or ``metric.output`` is not a model output.
+    """
+    output = config.metric.output or model.output_names[0]
+    if output not in model.output_names:
+        raise SetupError(f"metric.output {output!r} is not a model output; outputs: {model.output_names}")
+    classes = _scores_per_sample(model.proto, output)
+    splits = [("calibration", config.data.calibration), ("evaluation", config.data.evaluation)]
+    if config.data.holdout is not None:
+        splits.append(("holdout", config.data.holdout))
+    for what, source in splits:
+        try:
+            dataset = load_dataset(source, model.inputs, what, config.seed)
+            if what != "calibration":
+                sizes = [next(iter(batch.values())).shape[0] for batch in dataset.batches]
+                check_labels(config.metric.name, dataset.labels, sizes, classes, what)
+        except (ValueError, OSError) as error:
+            raise SetupError(str(error)) from error
 
 
 def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:

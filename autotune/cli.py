@@ -176,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, SetupError, StoreError, BackendUnavailable, BuildError) as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a full disk or an unwritable folder: the message names the file and the cause
+        print(f"autotune: error: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(
             "autotune: interrupted; measured trials are kept: continue with `autotune resume runs/<name>`",

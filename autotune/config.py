@@ -199,11 +199,11 @@ class PPOConfig(_Strict):
 
 
 class ConfirmConfig(_Strict):
-    """Re-measurement of the finalists before export."""
+    """Re-measurement of the finalists before export: many short rounds, each compared within itself."""
 
     top_k: int = Field(5, gt=0)
-    repeats: int = Field(20, ge=1)
-    rounds: int = Field(4, ge=1)
+    repeats: int = Field(10, ge=1)
+    rounds: int = Field(8, ge=1)
 
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

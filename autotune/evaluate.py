@@ -7,10 +7,14 @@ trial in a child process with a timeout, so a crash or a hang is a failed trial 
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import logging
 import multiprocessing
+import os
+import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -111,13 +115,21 @@ class TrialRunner:
         except (ValueError, OSError) as error:
             raise SetupError(str(error)) from error
         self.output_index = self._output_index()
-        self.calibration = self._calibrate(calibration_data)
-        try:
+        try:  # first: calibration runs the FP32 model too, and would fail with a less helpful message
             self.reference = self.backend.build(self.model.proto, {}, config.run_dir)
         except BuildError as error:
-            raise SetupError(f"the FP32 model does not build on {self.backend.name}: {error}") from error
+            raise SetupError(
+                f"{self.model.path}: the FP32 model does not build on {self.backend.name}: {error}; "
+                f"replace the operator it names, or choose another backend"
+            ) from error
+        self.calibration = self._calibrate(calibration_data)
         self.reference_outputs = {split: self._outputs(self.reference, data) for split, data in self.datasets.items()}
-        self.reference_accuracy = {split: self._score(self.reference_outputs[split], split) for split in self.datasets}
+        self.reference_accuracy: dict[str, float] = {}
+        for split in self.datasets:
+            try:
+                self.reference_accuracy[split] = self._score(self.reference_outputs[split], split)
+            except ValueError as error:  # MetricError: labels that do not fit the metric
+                raise SetupError(f"metric {config.metric.name} cannot score the {split} data: {error}") from error
 
     def _output_index(self) -> int:
         wanted = self.config.metric.output
@@ -207,30 +219,59 @@ class TrialRunner:
 # ---- the child process -------------------------------------------------------------------------------------
 
 
+def _die_with_parent() -> None:
+    """Makes the trial process end with the run, even when the run is killed with SIGKILL.
+
+    On Linux the kernel sends this process SIGKILL when the thread that started it exits (``PR_SET_PDEATHSIG``),
+    so a killed run leaves no orphan building or hanging on a shared machine. Elsewhere the process still ends
+    at its next request, when it reads the end of the pipe.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no libc symbol: keep the end-of-pipe behaviour
+            return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _worker_main(connection: Any, config_data: dict) -> None:
-    """Serves trials until the parent closes the pipe."""
+    """Serves trials until the parent closes the pipe.
+
+    Ctrl-C in a terminal reaches the whole process group: the trial process ignores SIGINT and leaves the
+    interrupt to the run, which stops it after committing what was measured.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     try:
         runner = TrialRunner(TuneConfig.model_validate(config_data))
+        reply: tuple[str, Any] = ("ready", None)
     except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
-        connection.send(("setup_error", f"{error}" if isinstance(error, SetupError) else traceback.format_exc()))
-        return
-    connection.send(("ready", None))
+        reply = ("setup_error", f"{error}" if isinstance(error, SetupError) else traceback.format_exc())
     while True:
         try:
-            request = connection.recv()
-        except EOFError:
+            connection.send(reply)
+        except OSError:  # the run closed the pipe (it was stopped or interrupted): nobody waits for the answer
             return
-        kind, payload = request
+        if reply[0] == "setup_error":
+            return
+        try:
+            kind, payload = connection.recv()
+        except (EOFError, OSError):  # closed, or reset by the run with our answer unread
+            return
         try:
             if kind == "trial":
                 plan, split, protocol = payload
                 result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
-                connection.send(("result", result.to_dict()))
+                reply = ("result", result.to_dict())
             elif kind == "export":
                 plan, out_dir = payload
-                connection.send(("result", runner.export(Plan.from_dict(plan), Path(out_dir))))
+                reply = ("result", runner.export(Plan.from_dict(plan), Path(out_dir)))
+            else:
+                reply = ("error", f"unknown request {kind!r}")
         except Exception:  # noqa: BLE001
-            connection.send(("error", traceback.format_exc()))
+            reply = ("error", traceback.format_exc())
 
 
 class _ChildRunner:
@@ -257,6 +298,7 @@ class _ChildRunner:
         try:
             kind, message = parent.recv()
         except EOFError:
+            self._process.join(timeout=5)  # reap it, so the exit code is known
             code = self._process.exitcode
             self.stop()
             raise SetupError(f"the trial process died while preparing the run (exit code {code})") from None

@@ -37,17 +37,24 @@ class Latency:
         iqr_ms: Interquartile range of the candidate's runs.
         reference_median_ms: Median of the reference's runs, interleaved with the candidate's.
         reference_iqr_ms: Interquartile range of the reference's runs.
-        speedup: ``reference_median_ms / median_ms``.
+        round_speedups: Per round, the reference's median over the candidate's median.
     """
 
     median_ms: float
     iqr_ms: float
     reference_median_ms: float
     reference_iqr_ms: float
+    round_speedups: tuple[float, ...] = ()
 
     @property
     def speedup(self) -> float:
-        """How many times faster than the reference."""
+        """How many times faster than the reference: the median of the per-round ratios.
+
+        Each round's ratio compares runs seconds apart, so a slow spell of the machine (another process, a
+        frequency change) that lasts a round cancels inside it instead of skewing the pooled medians.
+        """
+        if self.round_speedups:
+            return float(np.median(self.round_speedups))
         return self.reference_median_ms / self.median_ms
 
 
@@ -93,9 +100,13 @@ def interleaved(
     """
     candidate_ms: list[float] = []
     reference_ms: list[float] = []
+    ratios = []
     for _ in range(protocol.rounds):
-        reference_ms += _timed(reference, protocol, clock, self_timed)
-        candidate_ms += _timed(candidate, protocol, clock, self_timed)
+        reference_round = _timed(reference, protocol, clock, self_timed)
+        candidate_round = _timed(candidate, protocol, clock, self_timed)
+        ratios.append(float(np.median(reference_round) / np.median(candidate_round)))
+        reference_ms += reference_round
+        candidate_ms += candidate_round
     median, iqr = _stats(candidate_ms)
     reference_median, reference_iqr = _stats(reference_ms)
-    return Latency(median, iqr, reference_median, reference_iqr)
+    return Latency(median, iqr, reference_median, reference_iqr, tuple(ratios))

@@ -57,6 +57,46 @@ def top1(outputs: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None) -> 
     return float(np.mean(predictions == truth))
 
 
+def check_labels(
+    name: str, labels: Sequence[np.ndarray] | None, batch_sizes: Sequence[int], classes: int | None, what: str
+) -> None:
+    """Checks, before anything is built, that a split's labels fit the metric (only ``top1`` reads labels).
+
+    Args:
+        name: The metric name.
+        labels: The labels of each batch, or None when the data has none.
+        batch_sizes: Samples in each batch.
+        classes: Scores per sample of the scored output, or None where the model leaves it unknown.
+        what: The split (``evaluation``, ``holdout``), for messages.
+
+    Raises:
+        MetricError: Labels are missing, not one integer per sample, or outside ``[0, classes)``.
+    """
+    if name != "top1":
+        return
+    if labels is None:
+        raise MetricError(
+            f"metric top1 needs labels: add a 'labels' array (one class index per sample) to the {what} data"
+        )
+    for index, (label, size) in enumerate(zip(labels, batch_sizes, strict=True)):
+        array = np.asarray(label)
+        if array.size != size:
+            raise MetricError(
+                f"{what} batch {index}: top1 needs one label per sample, expected shape [{size}], "
+                f"got {list(array.shape)}"
+            )
+        if array.dtype.kind not in "iu":
+            raise MetricError(
+                f"{what} batch {index}: top1 labels must be integer class indexes, expected dtype int64, "
+                f"got {array.dtype}"
+            )
+        if array.min() < 0 or (classes is not None and array.max() >= classes):
+            allowed = f"in [0, {classes}) for the model's {classes} outputs" if classes is not None else ">= 0"
+            raise MetricError(
+                f"{what} batch {index}: top1 labels must be {allowed}, got labels from {array.min()} to {array.max()}"
+            )
+
+
 def fidelity(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict[str, float]:
     """Every fidelity metric at once, recorded with each trial."""
     return {

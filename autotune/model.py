@@ -115,6 +115,8 @@ def load_onnx(path: str | Path) -> onnx.ModelProto:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as error:  # noqa: BLE001 - protobuf raises several types for a corrupt file
         raise ModelError(f"{path} is not a readable ONNX model ({error}); re-export it") from error
+    if not model.HasField("graph"):  # an empty file (a copy cut short) parses as an empty model
+        raise ModelError(f"{path} is not a readable ONNX model (it has no graph: empty or cut short); re-export it")
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError, onnx.checker.ValidationError) as error:  # missing, or shorter than recorded
@@ -396,7 +398,10 @@ def prepare_model(
     """
     name_nodes(model)
     inputs = resolve_inputs(model, configured_inputs, path)
-    fix_input_shapes(model, inputs)
+    try:
+        fix_input_shapes(model, inputs)
+    except ModelError as error:
+        raise ModelError(f"{path}: {error}") from error
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:

@@ -32,6 +32,9 @@ class StoreError(RuntimeError):
     """The store cannot be opened or written; the message says where and why."""
 
 
+_WRITE_HINT = "free disk space or make the folder writable, then continue the run with `autotune resume`"
+
+
 class TrialStore:
     """Trials of one run. Each put is its own transaction, so a killed run loses no committed trial.
 
@@ -91,7 +94,7 @@ class TrialStore:
                     (result.plan_hash, seq, measured, result.status, json.dumps(result.to_dict())),
                 )
         except sqlite3.Error as error:
-            raise StoreError(f"cannot write trial {result.plan_hash} to {self.path}: {error}") from error
+            raise StoreError(f"cannot write trial {result.plan_hash} to {self.path}: {error}; {_WRITE_HINT}") from error
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
@@ -109,12 +112,21 @@ class TrialStore:
             yield TrialResult.from_dict(json.loads(text))
 
     def put_confirmation(self, result: TrialResult) -> None:
-        """Commits the confirmation (held-out, more repeats) of a plan."""
-        with self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO confirmations (plan_hash, result) VALUES (?, ?)",
-                (result.plan_hash, json.dumps(result.to_dict())),
-            )
+        """Commits the confirmation (held-out, more repeats) of a plan.
+
+        Raises:
+            StoreError: The write failed (disk full, read-only directory).
+        """
+        try:
+            with self._db:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO confirmations (plan_hash, result) VALUES (?, ?)",
+                    (result.plan_hash, json.dumps(result.to_dict())),
+                )
+        except sqlite3.Error as error:
+            raise StoreError(
+                f"cannot write the confirmation of {result.plan_hash} to {self.path}: {error}; {_WRITE_HINT}"
+            ) from error
 
     def confirmations(self) -> dict[str, TrialResult]:
         """Confirmation results by plan hash."""
@@ -122,9 +134,16 @@ class TrialStore:
         return {key: TrialResult.from_dict(json.loads(text)) for key, text in rows}
 
     def set_meta(self, key: str, value: object) -> None:
-        """Stores one JSON value of run metadata."""
-        with self._db:
-            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        """Stores one JSON value of run metadata.
+
+        Raises:
+            StoreError: The write failed (disk full, read-only directory).
+        """
+        try:
+            with self._db:
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        except sqlite3.Error as error:
+            raise StoreError(f"cannot write run metadata {key!r} to {self.path}: {error}; {_WRITE_HINT}") from error
 
     def get_meta(self, key: str, default: object = None) -> object:
         """Reads run metadata."""

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.api import analyze
+from autotune.api import analyze, check_data
 from autotune.config import ConfigError, TuneConfig
 from autotune.evaluate import Evaluator
 from autotune.monitor import RunMonitor
@@ -180,9 +180,10 @@ def tune(
     elif config is None:
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     started = time.time()
-    # Model, backend and search space are checked before the run directory exists: a run that cannot start
+    # Model, backend, search space and data are checked before the run directory exists: a run that cannot start
     # leaves nothing behind that a resume would trust.
-    _, space = analyze(config)
+    model, space = analyze(config)
+    check_data(config, model)
     if strategy in ("fp16", "bf16", "fp8") and space.uniform(strategy) == space.uniform("fp32"):
         raise ConfigError(f"strategy {strategy}: the {config.backend.name} backend offers no {strategy} layer here")
     if resume_dir is None:

@@ -118,3 +118,19 @@ def test_real_clock_default():
     latency = interleaved(lambda: calls.append("c"), lambda: calls.append("r"), Protocol(1, 2, 1))
     assert calls == ["r"] * 3 + ["c"] * 3
     assert latency.median_ms >= 0 and latency.reference_median_ms >= 0
+
+
+def test_speedup_is_the_median_of_per_round_ratios_so_a_slow_spell_cancels():
+    from autotune.measure import Protocol, interleaved
+
+    # blocks in call order: ref1, cand1, ref2, cand2, ref3, cand3; the machine turns 3x slower from cand2 on.
+    # The candidate is always 2x faster: round ratios are 2, 2/3, 2. Pooled medians would say 0.67x.
+    slowdown = iter([1, 1, 1, 3, 3, 3])
+
+    def runner(base_ms):
+        return lambda: base_ms * next(slowdown)
+
+    latency = interleaved(runner(1.0), runner(2.0), Protocol(warmup=0, repeats=1, rounds=3), self_timed=True)
+    assert latency.round_speedups == pytest.approx((2.0, 2 / 3, 2.0))
+    assert latency.speedup == pytest.approx(2.0)
+    assert latency.reference_median_ms / latency.median_ms == pytest.approx(2 / 3)

@@ -118,6 +118,9 @@ class OnnxRuntimeCPU(Backend):
 
         Profiled with graph optimizations off, where every node keeps its name: fusions (even at the basic level,
         MatMul+Add becomes Gemm) would attribute a layer's time to a fused node with another name.
+
+        Raises:
+            BuildError: ORT cannot create a session for the model or run it (an operator it lacks, bad shapes).
         """
         import onnxruntime as ort
 
@@ -126,9 +129,12 @@ class OnnxRuntimeCPU(Backend):
         options.enable_profiling = True
         with tempfile.TemporaryDirectory() as tmp:
             options.profile_file_prefix = os.path.join(tmp, "profile")
-            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-            for _ in range(5):
-                session.run(None, dict(feeds))
+            try:
+                session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                for _ in range(5):
+                    session.run(None, dict(feeds))
+            except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for a bad graph
+                raise BuildError(f"ONNX Runtime could not run the model: {error}") from error
             events = json.loads(Path(session.end_profiling()).read_text())
         per_node: dict[str, float] = {}
         for event in events:

@@ -45,7 +45,7 @@ def batches(split: str, batch_size: int = 32) -> list[dict[str, np.ndarray]]:
     path = split_path(split)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; re-create it with `python -m autotune.examples.train_cnn`")
-    with np.load(path) as data:
+    with np.load(path, allow_pickle=False) as data:
         images = data[INPUT_NAME].astype(np.float32)
         labels = data["labels"].astype(np.int64)
     return [

@@ -527,7 +527,8 @@ def calibrate(
     """Calibrates ``tensors``, reusing statistics cached on disk.
 
     The cache file is keyed by ``model_hash``, :func:`data_hash` of ``batches``, the sorted tensor list
-    and ``settings.num_bins``. A hit skips ORT entirely; a corrupt file is logged, ignored and rewritten.
+    and ``settings.num_bins``. A hit skips ORT entirely; a corrupt file is logged, ignored and rewritten; a cache
+    that cannot be written (read-only folder, full disk) is logged and skipped.
 
     Args:
         model: The FP32 model.
@@ -552,5 +553,10 @@ def calibrate(
             return Calibration(stats=cached, settings=settings)
     stats = collect_statistics(model, tensors, batches, num_bins=settings.num_bins)
     if path is not None:
-        _write_cache(path, stats)
+        try:
+            _write_cache(path, stats)
+        except OSError as error:  # a cache that cannot be written (read-only, full disk) only costs time
+            logger.warning(
+                "cannot write the calibration cache %s (%s); set cache_dir to a writable folder", path, error
+            )
     return Calibration(stats=stats, settings=settings)

@@ -1,0 +1,80 @@
+"""Fault injection for the reliability tests, through a seam the package already has: a custom metric.
+
+A ``metric: {name: custom, function: tests.reliability.faults:fault_metric}`` config runs ``fault_metric`` inside
+the trial process, after the plan was built and run, exactly where a crashing or hanging backend would take the
+process down. No test hook lives in the package.
+
+The metric reads ``AUTOTUNE_TEST_FAULTS``: a folder holding ``plan.json``, ``{"<call number>": action}`` with an
+optional ``"*"`` for every other call. Calls are counted across trial processes (a crash restarts the process) in
+``<folder>/count``. The call that scores the FP32 reference while the trial process prepares the run (its
+outputs are the reference itself) is not counted; the plan's ``"setup"`` action applies to it.
+
+Actions: ``ok``; ``kill`` (SIGKILL itself, as the OOM killer would); ``exit`` (``os._exit(3)``); ``segv`` (a null
+pointer read in C); ``raise`` (a Python exception); ``slow`` (sleep a second); ``hang`` (sleep for an hour, after
+writing ``<folder>/hanging`` with the process id); ``leak_fd`` (open a file and keep it, for the soak test's
+self-check).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+ENV = "AUTOTUNE_TEST_FAULTS"
+METRIC = "tests.reliability.faults:fault_metric"
+_LEAKED: list = []
+
+
+def write_plan(folder: Path, plan: dict[str, str]) -> Path:
+    """Writes a fault plan into ``folder`` and returns the folder (set it as ``AUTOTUNE_TEST_FAULTS``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "plan.json").write_text(json.dumps(plan))
+    (folder / "count").write_text("0")
+    return folder
+
+
+def calls(folder: Path) -> int:
+    """How many trial calls the metric has counted."""
+    return int((folder / "count").read_text())
+
+
+def _act(action: str, folder: Path) -> None:
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "exit":
+        os._exit(3)
+    elif action == "segv":
+        ctypes.string_at(0)
+    elif action == "raise":
+        raise RuntimeError("injected metric failure")
+    elif action == "hang":
+        (folder / "hanging").write_text(str(os.getpid()))
+        time.sleep(3600)
+    elif action == "slow":
+        time.sleep(1.0)
+    elif action == "leak_fd":
+        _LEAKED.append(open(os.devnull))  # noqa: SIM115 - the leak is the point
+
+
+def fault_metric(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], labels: object) -> float:
+    """Top-1 agreement with the reference, after the fault planned for this call."""
+    folder = os.environ.get(ENV)
+    if folder:
+        path = Path(folder)
+        plan = json.loads((path / "plan.json").read_text())
+        if outputs is reference:  # the trial process scores the FP32 reference while it prepares the run
+            _act(plan.get("setup", "ok"), path)
+        else:
+            count = int((path / "count").read_text()) + 1
+            (path / "count").write_text(str(count))
+            _act(plan.get(str(count), plan.get("*", "ok")), path)
+    predictions = np.concatenate([np.asarray(o).reshape(len(o), -1).argmax(axis=1) for o in outputs])
+    expected = np.concatenate([np.asarray(r).reshape(len(r), -1).argmax(axis=1) for r in reference])
+    return float(np.mean(predictions == expected))

@@ -1,0 +1,111 @@
+"""Ctrl-C and SIGKILL of a whole run: the store stays consistent, no process is left behind, and `autotune resume`
+finishes the run without losing a committed trial or measuring one twice. SIGKILL during the search and during a
+store write are in tests/test_tune.py and tests/test_store.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import onnx
+
+from autotune.store import TrialStore
+from tests.reliability import faults
+from tests.reliability.helpers import (
+    alive,
+    assert_resumed_cleanly,
+    autotune,
+    children,
+    env,
+    fast_config,
+    integrity,
+    snapshot,
+    start,
+    trial_count,
+    wait_for,
+    write_config,
+)
+
+
+def _stop(process) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+
+
+def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
+    budget = 24
+    config = fast_config(
+        tmp_path, budget={"builds": budget}, ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5}
+    )
+    store_path = config.run_dir / "trials.sqlite"
+    process = start("tune", write_config(tmp_path, config), "--no-progress", cwd=tmp_path)
+    try:
+        wait_for(lambda: trial_count(store_path) >= 8, process, what="8 trials")
+        helpers = children(process.pid)  # the trial process (and multiprocessing's resource tracker)
+        assert helpers
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole foreground group
+        _, err = process.communicate(timeout=60)
+    finally:
+        _stop(process)
+
+    assert process.returncode == 130, err
+    assert "autotune: interrupted; measured trials are kept: continue with `autotune resume" in err
+    assert "Traceback" not in err  # neither the run nor its trial process prints one
+    assert integrity(store_path) == [("ok",)]
+    assert (config.run_dir / "checkpoints" / "latest.zip").is_file()  # the agent is saved at the interrupt
+    assert not (config.run_dir / "summary.json").exists()
+    for pid in helpers:
+        wait_for(lambda pid=pid: not alive(pid), timeout=10, what=f"helper process {pid} to end")
+    before = snapshot(store_path)
+    assert 8 <= len(before) < budget
+
+    resumed = autotune("resume", config.run_dir, "--no-progress", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_resumed_cleanly(store_path, before, budget)
+    assert "winner" in resumed.stdout and (config.run_dir / "summary.json").is_file()
+
+
+def test_sigkill_while_confirming_leaves_no_orphan_and_resume_reuses_what_was_confirmed(tmp_path):
+    """The run is killed while its trial process is busy (here: hung) on the second confirmation."""
+    budget = 6
+    folder = faults.write_plan(tmp_path / "faults", {str(budget + 2): "hang"})
+    config = fast_config(
+        tmp_path,
+        budget={"builds": budget},
+        metric={"name": "custom", "function": faults.METRIC},
+        backend={"timeout_s": 300},
+    )
+    path = write_config(tmp_path, config)
+    store_path = config.run_dir / "trials.sqlite"
+    faulty = env(**{faults.ENV: str(folder)})
+    process = start(
+        "baseline", path, "--strategy", "random", "--no-progress", "--set", "name=tiny", cwd=tmp_path, env=faulty
+    )
+    try:
+        wait_for(lambda: (folder / "hanging").exists(), process, what="the second confirmation")
+        hung = int((folder / "hanging").read_text())
+        process.send_signal(signal.SIGKILL)  # the run only, as `kill -9 PID` does
+        process.communicate(timeout=30)
+    finally:
+        _stop(process)
+    wait_for(lambda: not alive(hung), timeout=10, what="the hung trial process to end with its run")
+
+    assert integrity(store_path) == [("ok",)]
+    before = snapshot(store_path)
+    with TrialStore(store_path) as store:
+        confirmed = {h: r.to_dict() for h, r in store.confirmations().items()}
+    assert len(before) == budget and len(confirmed) == 1
+
+    resumed = autotune("resume", config.run_dir, "--no-progress", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_resumed_cleanly(store_path, before, budget)
+    with TrialStore(store_path) as store:
+        after = store.confirmations()
+    for plan_hash, result in confirmed.items():
+        assert after[plan_hash].to_dict() == result, "a committed confirmation was measured again"
+    summary = json.loads((config.run_dir / "summary.json").read_text())
+    assert json.loads((config.run_dir / "best" / "plan.json").read_text())["precisions"]
+    assert json.loads((config.run_dir / "best" / "summary.json").read_text())["plan_hash"] == summary["plan_hash"]
+    onnx.checker.check_model(onnx.load(str(config.run_dir / "best" / "model.onnx")))
