@@ -4,7 +4,7 @@ TensorRT 11 is strongly typed and has no calibrators or precision flags: every q
 Q/DQ nodes it accepts. A graph that breaks a rule either fails deep inside the builder with a terse message or,
 worse, builds with the layer silently left in float. Checking here turns both into a clear error that names the
 node and the rule (sources: TensorRT ``IQuantizeLayer``/``IDequantizeLayer`` docs, onnx-tensorrt operators.md;
-see /work/shared/reference/tensorrt.md, section 2 and 5):
+see the TensorRT developer guide, "Explicit Quantization"):
 
 - zero points are all 0 (symmetric only) and of type INT8, FLOAT8E4M3FN or INT4 (no UINT8, no INT32 biases);
 - scales are build-time constants, finite and strictly positive;
