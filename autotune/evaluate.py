@@ -344,6 +344,8 @@ class Evaluator:
         store: The run's trial store.
         isolate: Run trials in a child process with a timeout (default). In-process runs are for tests.
         on_result: Called with every new result (not with store hits).
+
+    Use an evaluator from the thread that created it: on Linux its trial process ends when that thread ends.
     """
 
     def __init__(

@@ -37,7 +37,7 @@ def test_report_writes_figures_and_numbers_that_match_the_store(finished_run, tm
     assert f"within the accuracy budget: {len(within)}" in text
     winner = data.confirmations[data.summary["plan_hash"]]
     assert f"winner: {winner.speedup:.3f}x, drop {winner.accuracy_drop:.5f}" in text
-    rows = re.findall(r"^\| (\d+) \| `([0-9a-f]{16})` \| ([\d.]+) \| ([\d.]+) \|", text, flags=re.M)
+    rows = re.findall(r"^\| (\d+) \| `([0-9a-f]{16})` \| (-?[\d.]+) \| (-?[\d.]+) \|", text, flags=re.M)
     assert len(rows) == len(data.confirmations)
     for _, plan_hash, speedup, drop in rows:
         confirmed = data.confirmations[plan_hash]

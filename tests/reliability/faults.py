@@ -11,7 +11,7 @@ outputs are the reference itself) is not counted; the plan's ``"setup"`` action 
 
 Actions: ``ok``; ``kill`` (SIGKILL itself, as the OOM killer would); ``exit`` (``os._exit(3)``); ``segv`` (a null
 pointer read in C); ``raise`` (a Python exception); ``slow`` (sleep a second); ``hang`` (sleep for an hour, after
-writing ``<folder>/hanging`` with the process id); ``leak_fd`` (open a file and keep it, for the soak test's
+writing ``<folder>/hanging`` with the process id); ``leak`` (keep an open file and 3 MB, for the soak test's
 self-check).
 """
 
@@ -59,8 +59,8 @@ def _act(action: str, folder: Path) -> None:
         time.sleep(3600)
     elif action == "slow":
         time.sleep(1.0)
-    elif action == "leak_fd":
-        _LEAKED.append(open(os.devnull))  # noqa: SIM115 - the leak is the point
+    elif action == "leak":  # a file descriptor and 3 MB that are never released
+        _LEAKED.append((open(os.devnull), bytearray(b"\x01") * (3 << 20)))  # noqa: SIM115 - the leak is the point
 
 
 def fault_metric(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], labels: object) -> float:

@@ -18,7 +18,10 @@ import textwrap
 import onnx
 import pytest
 
+from autotune.plan import Plan
+from autotune.store import StoreError, TrialStore
 from autotune.testing import tiny_mlp
+from autotune.trial import TrialResult
 from autotune.tune import tune
 from tests.reliability.helpers import (
     REPO,
@@ -179,3 +182,55 @@ def test_sigkill_in_the_middle_of_an_export_leaves_the_previous_file_whole(tmp_p
         assert json.loads(target.read_text()) == {"rank": 1}
     else:
         onnx.checker.check_model(onnx.load(str(target)))
+
+
+def test_every_store_write_reports_a_store_error(tmp_path):
+    """A failed write (here: a read-only connection) is a StoreError naming the file, for trials, confirmations
+    and run metadata alike, and rolls back cleanly."""
+    result = TrialResult(plan=Plan.make({"fc1": "int8"}), latency_ms=1.0)
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        store.put(result)
+        store._db.execute("PRAGMA query_only = ON")
+        for write in (
+            lambda: store.put(result),
+            lambda: store.put_confirmation(result),
+            lambda: store.set_meta("cache_hits", 3),
+        ):
+            with pytest.raises(StoreError) as info:
+                write()
+            assert str(tmp_path / "trials.sqlite") in str(info.value)
+            assert "free disk space or make the folder writable" in str(info.value)
+        store._db.execute("PRAGMA query_only = OFF")
+        assert len(store) == 1 and store.confirmations() == {} and store.get_meta("cache_hits") is None
+
+
+def test_full_disk_in_the_tensorboard_writer_is_a_clear_error_and_resumable(tmp_path, capsys, monkeypatch):
+    from torch.utils.tensorboard import SummaryWriter
+
+    budget = 8
+    config = fast_config(tmp_path, budget={"builds": budget})
+    path = write_config(tmp_path, config)
+    real_add_scalar = SummaryWriter.add_scalar
+    written = []
+
+    def add_scalar(self, tag, *args, **kwargs):
+        written.append(tag)
+        if len(written) > 20:
+            raise OSError(28, "No space left on device", str(config.run_dir / "tb" / "events.out.tfevents"))
+        return real_add_scalar(self, tag, *args, **kwargs)
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", add_scalar)
+    code, err = cli(capsys, "baseline", path, "--strategy", "random", "--no-progress", "--set", "name=tiny")
+    assert code == 2
+    assert (
+        err == f"autotune: error: [Errno 28] No space left on device: '{config.run_dir / 'tb'}/events.out.tfevents'\n"
+    )
+    store_path = config.run_dir / "trials.sqlite"
+    assert integrity(store_path) == [("ok",)]
+    before = snapshot(store_path)
+    assert 0 < len(before) < budget
+
+    monkeypatch.undo()
+    code, err = cli(capsys, "resume", config.run_dir, "--no-progress")
+    assert code == 0, err
+    assert_resumed_cleanly(store_path, before, budget)

@@ -9,6 +9,7 @@ import os
 import signal
 
 import onnx
+import pytest
 
 from autotune.store import TrialStore
 from tests.reliability import faults
@@ -67,8 +68,10 @@ def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
     assert "winner" in resumed.stdout and (config.run_dir / "summary.json").is_file()
 
 
-def test_sigkill_while_confirming_leaves_no_orphan_and_resume_reuses_what_was_confirmed(tmp_path):
-    """The run is killed while its trial process is busy (here: hung) on the second confirmation."""
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_run_leaves_no_orphan_and_resume_reuses_what_was_confirmed(tmp_path, signum):
+    """The run is killed while its trial process is busy (here: hung) on the second confirmation. SIGTERM (a
+    scheduler's stop) has no handler: it ends the run like SIGKILL, and the same guarantees hold."""
     budget = 6
     folder = faults.write_plan(tmp_path / "faults", {str(budget + 2): "hang"})
     config = fast_config(
@@ -86,7 +89,7 @@ def test_sigkill_while_confirming_leaves_no_orphan_and_resume_reuses_what_was_co
     try:
         wait_for(lambda: (folder / "hanging").exists(), process, what="the second confirmation")
         hung = int((folder / "hanging").read_text())
-        process.send_signal(signal.SIGKILL)  # the run only, as `kill -9 PID` does
+        process.send_signal(signum)  # the run only, as `kill -9 PID` or `kill PID` does
         process.communicate(timeout=30)
     finally:
         _stop(process)
