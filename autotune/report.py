@@ -107,7 +107,7 @@ def plot_pareto(data: RunData, path: Path) -> None:
     axes.set_ylabel(f"accuracy drop ({data.config.metric.name}, metric units)")
     axes.set_title(f"{data.label}: {len(data.trials)} trials")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="upper left")
+    axes.legend(fontsize=8, loc="best")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

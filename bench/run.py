@@ -121,19 +121,24 @@ def plot(results: list[dict], budget: int, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    lowest_shown = -1.5  # all-INT8 over the budget can score far below; keep the searches readable
     for strategy in dict.fromkeys(r["strategy"] for r in results):
         curves = [r["curve"] for r in results if r["strategy"] == strategy and r["curve"]]
         if not curves:
             continue
         if strategy in FIXED:
-            axes.axhline(curves[0][-1], linestyle="--", linewidth=1, label=f"{strategy} (1 build)")
+            value = curves[0][-1]
+            label = f"{strategy} (1 build, reward {value:.2f})"
+            style = {"fp32": ":", "int8": "--"}.get(strategy, "-.")
+            axes.axhline(max(value, lowest_shown), color="black", linestyle=style, linewidth=1, label=label)
             continue
         length = max(len(c) for c in curves)
         padded = np.array([c + [c[-1]] * (length - len(c)) for c in curves])
         x = np.arange(1, length + 1)
-        axes.plot(x, np.median(padded, axis=0), label=f"{strategy} (median of {len(curves)})")
+        (line,) = axes.plot(x, np.median(padded, axis=0), label=f"{strategy} (median of {len(curves)})")
         if len(curves) > 1:
-            axes.fill_between(x, padded.min(axis=0), padded.max(axis=0), alpha=0.2)
+            axes.fill_between(x, padded.min(axis=0), padded.max(axis=0), color=line.get_color(), alpha=0.15)
+    axes.set_ylim(bottom=lowest_shown - 0.1)
     axes.set_xlabel("builds")
     axes.set_ylabel("best-so-far reward  (log speedup - penalty)")
     axes.set_title(title)
