@@ -125,6 +125,9 @@ class SearchSpaceConfig(_Strict):
     """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""
     group_size: int = Field(1, gt=0)
     """Layers decided together in one step (graph order); >1 shortens episodes of large models."""
+    budget_headroom: float = Field(0.0, ge=0, lt=1)
+    """Fraction of the accuracy budget the search keeps free: it aims at ``(1 - headroom) x accuracy_budget`` on
+    the evaluation data, so finalists still meet the full budget on held-out data, where drops run higher."""
 
     @field_validator("include_layers", "exclude_layers")
     @classmethod
@@ -243,6 +246,11 @@ class TuneConfig(_Strict):
                 "(the run directory is runs/<name>)"
             )
         return value
+
+    @property
+    def search_budget(self) -> float:
+        """The accuracy budget the search aims at: the budget less the headroom kept for held-out data."""
+        return self.accuracy_budget * (1.0 - self.search.budget_headroom)
 
     @property
     def run_dir(self) -> Path:

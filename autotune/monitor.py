@@ -68,7 +68,7 @@ class RunMonitor:
             self._update_best(result)
 
     def _update_best(self, result: TrialResult) -> bool:
-        value = reward(result, self.config.reward, self.config.accuracy_budget)
+        value = reward(result, self.config.reward, self.config.search_budget)
         if result.ok and value > self.best_reward:
             self.best_reward, self.best = value, result
             return True
@@ -76,7 +76,7 @@ class RunMonitor:
 
     def record(self, result: TrialResult) -> float:
         """Logs one episode; returns its reward."""
-        value = reward(result, self.config.reward, self.config.accuracy_budget)
+        value = reward(result, self.config.reward, self.config.search_budget)
         self.episodes += 1
         step = self.episodes
         scalars = {
@@ -92,7 +92,7 @@ class RunMonitor:
                     "trial/latency_ms": result.latency_ms,
                     "trial/accuracy": result.accuracy,
                     "trial/accuracy_drop": result.accuracy_drop,
-                    "trial/within_budget": float(meets_budget(result, self.config.accuracy_budget)),
+                    "trial/within_budget": float(meets_budget(result, self.config.search_budget)),
                 }
             )
         if not result.from_store:

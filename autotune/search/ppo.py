@@ -92,7 +92,7 @@ def train(
     from envs.engine_build import EngineBuildEnv
 
     def make_env() -> EngineBuildEnv:
-        return EngineBuildEnv(space, evaluate, config.reward, config.accuracy_budget, estimates=estimates)
+        return EngineBuildEnv(space, evaluate, config.reward, config.search_budget, estimates=estimates)
 
     venv = DummyVecEnv([make_env])
     venv.seed(config.seed)

@@ -29,11 +29,11 @@ def confirmation_order(results: Iterable[TrialResult], config: TuneConfig) -> li
     Then every other successful plan by reward.
     """
     results = [r for r in results if r.ok]
-    front = pareto_front(r for r in results if meets_budget(r, config.accuracy_budget))
+    front = pareto_front(r for r in results if meets_budget(r, config.search_budget))
     seen = {r.plan_hash for r in front}
     rest = sorted(
         (r for r in results if r.plan_hash not in seen),
-        key=lambda r: reward(r, config.reward, config.accuracy_budget),
+        key=lambda r: reward(r, config.reward, config.search_budget),
         reverse=True,
     )
     return front + rest

@@ -60,7 +60,7 @@ class SearchContext:
 
     def reward(self, result: TrialResult) -> float:
         """The configured reward of a result."""
-        return reward(result, self.config.reward, self.config.accuracy_budget)
+        return reward(result, self.config.reward, self.config.search_budget)
 
 
 def search_fixed(context: SearchContext, precision: str) -> None:
@@ -104,7 +104,7 @@ def search_greedy(context: SearchContext) -> None:
     base = space.plan({layer.name: options[-1] for layer, options in zip(space.layers, space.choices, strict=True)})
     best_result = context.try_plan(base)
     best_plan = base
-    budget = context.config.accuracy_budget
+    budget = context.config.search_budget
     if not meets_budget(best_result, budget) and best_result.ok:
         plan = base
         for _, names in _sensitivities(context, base, best_result.accuracy_drop or 0.0):
@@ -147,7 +147,7 @@ def search_optuna(context: SearchContext) -> None:
             study.tell(trial, context.config.reward.failure)
             continue
         # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
-        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.accuracy_budget))
+        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.search_budget))
         study.tell(trial, math.log(result.speedup))
 
 

@@ -30,3 +30,11 @@ def test_confirmation_order_walks_the_within_budget_front_then_the_rest_by_rewar
     assert order[:2] == ["edge", "safe"]
     assert order.index("over") < order.index("far_over")
     assert set(order) == {"edge", "safe", "dominated", "over", "far_over"}
+
+
+def test_headroom_makes_the_search_aim_below_the_budget(tmp_path):
+    config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2})
+    assert config.search_budget == 0.008
+    results = [_result("edge", 2.0, 0.0099), _result("safe", 1.5, 0.007)]
+    # the plan at the edge of the full budget is no longer on the within-budget front the search confirms first
+    assert [r.plan.precisions[0][0] for r in confirmation_order(results, config)][0] == "safe"
