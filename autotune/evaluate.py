@@ -284,7 +284,12 @@ class _ChildRunner:
         self._process: Any = None
         self._connection: Any = None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Starts the child process and waits until it has prepared the run.
+
+        Raises:
+            SetupError: Preparing failed, died or took longer than the setup timeout.
+        """
         parent, child = self._context.Pipe()
         self._process = self._context.Process(
             target=_worker_main, args=(child, self.config.model_dump(mode="json")), daemon=True
@@ -321,7 +326,7 @@ class _ChildRunner:
     def request(self, kind: str, payload: Any, timeout_s: float) -> tuple[str, Any]:
         """Sends one request; returns ``(status, payload)`` with status result, error, crash or timeout."""
         if self._process is None or not self._process.is_alive():
-            self._start()
+            self.start()
         self._connection.send((kind, payload))
         if not self._connection.poll(timeout_s):
             self._process.kill()
@@ -365,7 +370,7 @@ class Evaluator:
         self._child: _ChildRunner | None = None
         if isolate:
             self._child = _ChildRunner(config, setup_timeout_s=max(600.0, 2 * config.backend.timeout_s))
-            self._child._start()
+            self._child.start()
         else:
             self._inline = TrialRunner(config)
 
