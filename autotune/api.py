@@ -25,10 +25,11 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
     """Loads the model, profiles its FP32 runtime per layer, and builds the search space.
 
     Raises:
-        SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend).
+        SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a
+            plan-native backend cannot map a searched layer).
     """
     try:
-        backend = get_backend(config.backend)
+        backend = get_backend(config.backend, config.model)
         model = load_model(config)
         if profile:
             feeds = load_dataset(config.data.evaluation, model.inputs, "evaluation", config.seed).batches[0]
@@ -41,7 +42,13 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
                 ) from error
     except (ValueError, OSError) as error:
         raise SetupError(str(error)) from error
-    return model, search_space(config, model, backend)
+    space = search_space(config, model, backend)
+    if backend.builds_from_plan:  # a layer it cannot map fails here, before a run directory exists
+        try:
+            backend.bind(model, [space.layer_names[i] for i in space.searchable])
+        except ValueError as error:
+            raise SetupError(str(error)) from error
+    return model, space
 
 
 def _scores_per_sample(model: onnx.ModelProto, output: str) -> int | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import onnx
 
-from autotune.backends import Backend, BuildError, get_backend
+from autotune.backends import Backend, BackendUnavailable, BuildError, get_backend
 from autotune.config import TuneConfig
 from autotune.data import Dataset, load_dataset
 from autotune.measure import Protocol, interleaved
@@ -103,20 +103,27 @@ class TrialRunner:
     def __init__(self, config: TuneConfig):
         self.config = config
         try:
-            self.backend = get_backend(config.backend)
+            self.backend = get_backend(config.backend, config.model)
             self.model = load_model(config)
             self.space = search_space(config, self.model, self.backend)
+            if self.backend.builds_from_plan:
+                self.backend.bind(self.model, [self.space.layer_names[i] for i in self.space.searchable])
             self.datasets: dict[str, Dataset] = {
                 "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
             }
             holdout = config.data.holdout or config.data.evaluation
             self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
             calibration_data = load_dataset(config.data.calibration, self.model.inputs, "calibration", config.seed + 2)
-        except (ValueError, OSError) as error:
+        except (ValueError, OSError, BackendUnavailable) as error:
             raise SetupError(str(error)) from error
         self.output_index = self._output_index()
         try:  # first: calibration runs the FP32 model too, and would fail with a less helpful message
-            self.reference = self.backend.build(self.model.proto, {}, config.run_dir)
+            if self.backend.builds_from_plan:  # FP32 needs no ranges, and calibration has not run yet
+                self.reference = self.backend.build_plan(
+                    self.space.uniform("fp32"), self.model.layers, {}, config.run_dir
+                )
+            else:
+                self.reference = self.backend.build(self.model.proto, {}, config.run_dir)
         except BuildError as error:
             raise SetupError(
                 f"{self.model.path}: the FP32 model does not build on {self.backend.name}: {error}; "
@@ -168,6 +175,13 @@ class TrialRunner:
         ranges = self.calibration.ranges(str(plan.knob(CALIBRATION_KNOB, "max")))
         return rewrite(self.model.proto, self.model.layers, plan, ranges, self.backend.recipe)
 
+    def build(self, plan: Plan, workdir: Path) -> Any:
+        """The backend's artifact of a plan: from the plan itself, or from its typed ONNX model."""
+        if self.backend.builds_from_plan:
+            ranges = self.calibration.ranges(str(plan.knob(CALIBRATION_KNOB, "max")))
+            return self.backend.build_plan(plan, self.model.layers, ranges, workdir)
+        return self.backend.build(self.typed_model(plan), plan.knob_map, workdir)
+
     def run(self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None) -> TrialResult:
         """Builds, scores and times one plan; every failure comes back as a failed result."""
         protocol = protocol or Protocol(**self.config.measure.model_dump())
@@ -176,8 +190,7 @@ class TrialRunner:
         if problems:
             return TrialResult.failure(plan, "plan outside the search space: " + "; ".join(problems), split=split)
         try:
-            typed = self.typed_model(plan)
-            artifact = self.backend.build(typed, plan.knob_map, self.config.run_dir)
+            artifact = self.build(plan, self.config.run_dir)
             build_s = time.perf_counter() - start
             outputs = self._outputs(artifact, self.datasets[split])
             accuracy = self._score(outputs, split)
@@ -211,6 +224,9 @@ class TrialRunner:
 
     def export(self, plan: Plan, out_dir: Path) -> list[str]:
         """Writes the plan's deployable files into ``out_dir``."""
+        if self.backend.builds_from_plan:
+            artifact = self.build(plan, out_dir)
+            return [str(p) for p in self.backend.export_plan(artifact, plan, out_dir)]
         typed = self.typed_model(plan)
         artifact = self.backend.build(typed, plan.knob_map, out_dir)
         return [str(p) for p in self.backend.export(artifact, typed, out_dir)]

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from autotune.backends.base import Backend, BackendUnavailable, BuildError, Capabilities, Knob
-from autotune.config import BackendConfig
+from autotune.config import BackendConfig, ModelConfig
 
 
-def get_backend(config: BackendConfig) -> Backend:
+def get_backend(config: BackendConfig, model: ModelConfig | None = None) -> Backend:
     """The backend a config names.
 
+    Args:
+        config: The ``backend`` section.
+        model: The ``model`` section; the torch backend builds from its ``torch`` factory.
+
     Raises:
-        BackendUnavailable: Its runtime is not installed; the message says how to install it.
+        BackendUnavailable: Its runtime is not installed (the message says how to install it), or the torch
+            backend has no PyTorch model or no CUDA device.
         ValueError: ``backend.options`` has an unknown key or a bad value.
     """
     if config.name == "onnxruntime":
@@ -21,6 +26,10 @@ def get_backend(config: BackendConfig) -> Backend:
         from autotune.backends.tensorrt import TensorRTBackend
 
         return TensorRTBackend(options=config.options)
+    if config.name == "torch":
+        from autotune.backends.pytorch import TorchBackend
+
+        return TorchBackend(model.torch if model is not None else None, options=config.options)
     raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune yet")
 
 

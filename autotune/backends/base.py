@@ -7,13 +7,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import onnx
 
-from autotune.plan import KnobValue
+from autotune.plan import KnobValue, Plan
 from autotune.quant.recipe import QuantRecipe
+
+if TYPE_CHECKING:
+    from autotune.model import Layer, LoadedModel
 
 
 class BackendUnavailable(RuntimeError):
@@ -65,10 +68,14 @@ class Backend(ABC):
     """Builds an artifact from a typed ONNX model and runs it.
 
     Subclasses import their runtime lazily, so ``import autotune`` works without it.
+
+    A backend whose ``builds_from_plan`` is True builds a plan itself (``bind``, ``build_plan``, ``export_plan``)
+    instead of the typed ONNX model: the ONNX model then only supplies the layer table and the calibration.
     """
 
     name: ClassVar[str]
     recipe: QuantRecipe
+    builds_from_plan: ClassVar[bool] = False
 
     @abstractmethod
     def capabilities(self) -> Capabilities:
@@ -100,6 +107,38 @@ class Backend(ABC):
     ) -> dict[str, float] | None:
         """Each named node's share of FP32 runtime, or None when the backend cannot profile per node."""
         return None
+
+    def bind(self, model: LoadedModel, searched: Sequence[str]) -> None:
+        """Plan-native backends: maps the model's layer table onto what they build, once per run.
+
+        Args:
+            model: The loaded ONNX model (layer table, weights, inputs and outputs).
+            searched: Names of the layers the search may change; each must be mappable.
+
+        Raises:
+            ValueError: A searched layer cannot be mapped; the message says how to keep it in FP32.
+        """
+        return None
+
+    def build_plan(
+        self, plan: Plan, layers: Sequence[Layer], ranges: Mapping[str, tuple[float, float]], workdir: Path
+    ) -> Any:
+        """Plan-native backends: builds a runnable artifact straight from a plan.
+
+        Args:
+            plan: Precision per layer and the knobs.
+            layers: The layer table (``bind`` saw the same).
+            ranges: Calibrated ``(lo, hi)`` per ONNX tensor name, by the plan's calibration method.
+            workdir: Where the build may keep files.
+
+        Raises:
+            BuildError: The plan cannot be built.
+        """
+        raise NotImplementedError(f"the {self.name} backend builds typed ONNX models: call build")
+
+    def export_plan(self, artifact: Any, plan: Plan, out_dir: Path) -> list[Path]:
+        """Plan-native backends: writes the deployable files of an artifact; the loadable one comes first."""
+        raise NotImplementedError(f"the {self.name} backend exports typed ONNX models: call export")
 
     def export(self, artifact: Any, model: onnx.ModelProto, out_dir: Path) -> list[Path]:
         """Writes the deployable files of an artifact into ``out_dir`` and returns their paths."""

@@ -2,14 +2,21 @@
 
 ``train_cnn.py`` makes everything here from scikit-learn's bundled digits (see its docstring for the task
 and the model). ``configs/cnn-cpu.yaml`` points ``model.onnx`` at :data:`MODEL_PATH` and the data at
-:func:`batches`.
+:func:`batches`; ``configs/cnn-gpu.yaml`` points ``model.torch`` at :func:`build_module`, the same network as a
+PyTorch module with the weights of ``cnn.onnx``. Importing this module is cheap: torch and onnx load only inside
+:func:`build_module`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
 
 DATA_DIR = Path(__file__).parent / "data"
 MODEL_PATH = DATA_DIR / "cnn.onnx"
@@ -52,3 +59,199 @@ def batches(split: str, batch_size: int = 32) -> list[dict[str, np.ndarray]]:
         {INPUT_NAME: images[start : start + batch_size], "labels": labels[start : start + batch_size]}
         for start in range(0, len(labels) - batch_size + 1, batch_size)
     ]
+
+
+# The Conv and Gemm layers of cnn.onnx in graph order, as module paths of build_module()'s network: the same
+# paths RawDigitNet has, so a torch.onnx export of it names its nodes like cnn.onnx (/stem/conv/Conv, /fc1/Gemm).
+LAYER_PATHS = (
+    "stem.conv",
+    "expand",
+    "block1.conv",
+    "down1.conv",
+    "block2.conv",
+    "depthwise2.conv",
+    "pointwise2.conv",
+    "down2.conv",
+    "pointwise3.conv",
+    "fc1",
+    "fc2",
+)
+
+
+class OnnxWeightError(ValueError):
+    """The ONNX model's weights do not fit the network of :func:`build_module`; the message says where."""
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    import onnx
+
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return onnx.helper.get_attribute_value(attribute)
+    return default
+
+
+def _check(condition: bool, path: Path, message: str) -> None:
+    if not condition:
+        raise OnnxWeightError(f"{path}: {message}; it is not the network of train_cnn.RawDigitNet")
+
+
+def _onnx_weights(path: Path) -> tuple[list[tuple[onnx.NodeProto, list[np.ndarray]]], dict[str, Any]]:
+    """The Conv/Gemm nodes of an ONNX file with their constant inputs, and the GroupNorm's settings."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            constants[node.output[0]] = numpy_helper.to_array(_attribute(node, "value"))
+    layers = [
+        (node, [constants.get(name) for name in node.input[1:] if name])
+        for node in graph.node
+        if node.op_type in ("Conv", "Gemm")
+    ]
+    computed = [node.name for node, arrays in layers if any(array is None for array in arrays)]
+    _check(not computed, path, f"the weights of {computed} are not constants")
+
+    # torch exports GroupNorm as Reshape -> InstanceNormalization (unit scale) -> Reshape -> Mul -> Add.
+    producers = {name: node for node in graph.node for name in node.output}
+    consumers = {name: node for node in graph.node for name in node.input}
+    norms = [node for node in graph.node if node.op_type == "InstanceNormalization"]
+    _check(len(norms) == 1, path, f"expected one GroupNorm (InstanceNormalization), found {len(norms)}")
+    norm = norms[0]
+    split = producers.get(norm.input[0])
+    _check(split is not None and split.op_type == "Reshape", path, "GroupNorm's input is not a Reshape into groups")
+    shape = constants.get(split.input[1])
+    restore = consumers.get(norm.output[0])
+    mul = consumers.get(restore.output[0]) if restore is not None else None
+    add = consumers.get(mul.output[0]) if mul is not None else None
+    chain = [node.op_type if node is not None else None for node in (restore, mul, add)]
+    _check(chain == ["Reshape", "Mul", "Add"], path, f"GroupNorm is followed by {chain}, not Reshape, Mul, Add")
+    unit = [constants.get(name) for name in norm.input[1:]]
+    _check(
+        len(unit) == 2 and all(array is not None for array in unit) and (unit[0] == 1).all() and (unit[1] == 0).all(),
+        path,
+        "the InstanceNormalization of the GroupNorm has a scale or bias of its own",
+    )
+    scale = next((constants[name] for name in mul.input if name in constants), None)
+    shift = next((constants[name] for name in add.input if name in constants), None)
+    _check(shape is not None and scale is not None and shift is not None, path, "GroupNorm constants are missing")
+    group_norm = {
+        "groups": int(shape[1]),
+        "epsilon": float(_attribute(norm, "epsilon", 1e-5)),
+        "weight": scale.reshape(-1),
+        "bias": shift.reshape(-1),
+    }
+    return layers, group_norm
+
+
+def _load_layer(module: torch.nn.Module, node: onnx.NodeProto, arrays: list[np.ndarray], where: str) -> None:
+    """Copies one Conv/Gemm node's weight and bias into a Conv2d/Linear after checking it is the same layer."""
+    import torch
+
+    expected_op = "Conv" if isinstance(module, torch.nn.Conv2d) else "Gemm"
+    if node.op_type != expected_op:
+        raise OnnxWeightError(f"{where}: node {node.name!r} is a {node.op_type}, the module needs a {expected_op}")
+    if expected_op == "Conv":
+        settings = {
+            "group": (_attribute(node, "group", 1), module.groups),
+            "strides": (list(_attribute(node, "strides", [1, 1])), list(module.stride)),
+            "pads": (list(_attribute(node, "pads", [0, 0, 0, 0])), list(module.padding) * 2),
+            "dilations": (list(_attribute(node, "dilations", [1, 1])), list(module.dilation)),
+        }
+    else:  # Linear is y = x W^T + b: only a Gemm with transB=1 and unit alpha and beta
+        settings = {
+            "transA": (_attribute(node, "transA", 0), 0),
+            "transB": (_attribute(node, "transB", 0), 1),
+            "alpha": (_attribute(node, "alpha", 1.0), 1.0),
+            "beta": (_attribute(node, "beta", 1.0), 1.0),
+        }
+    wrong = {key: found for key, (found, wanted) in settings.items() if found != wanted}
+    if wrong:
+        raise OnnxWeightError(f"{where}: node {node.name!r} has {wrong}, the module has {dict(settings)}")
+    tensors = [module.weight] + ([module.bias] if module.bias is not None else [])
+    found = [tuple(array.shape) for array in arrays]
+    wanted = [tuple(tensor.shape) for tensor in tensors]
+    if found != wanted:
+        raise OnnxWeightError(f"{where}: node {node.name!r} has weight/bias shapes {found}, the module needs {wanted}")
+    with torch.no_grad():
+        for tensor, array in zip(tensors, arrays, strict=True):
+            tensor.copy_(torch.tensor(array, dtype=torch.float32))  # a copy: ONNX arrays are read-only
+
+
+def build_module(onnx_path: str | Path = MODEL_PATH) -> torch.nn.Module:
+    """The shipped CNN as a PyTorch module in eval mode, with the weights of ``cnn.onnx``.
+
+    ``train_cnn.RawDigitNet`` with its BatchNorms folded into the Convs as the ONNX export did (constant
+    folding): Conv2d with bias, then ReLU. Module paths are RawDigitNet's, so an ONNX export of this module names
+    its layers as ``cnn.onnx`` does (``/stem/conv/Conv`` ... ``/fc2/Gemm``). The weights are taken from the Conv
+    and Gemm nodes in graph order, and every node's type, attributes and weight shapes are checked first.
+
+    Args:
+        onnx_path: The ONNX file to take the weights from.
+
+    Returns:
+        ``forward(image [N, 1, 16, 16] float32 raw counts) -> logits [N, 10]``.
+
+    Raises:
+        OnnxWeightError: The ONNX file's layers do not match the network (count, type, attributes or shapes).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class ConvReLU(nn.Module):
+        """Conv with the BatchNorm folded into its weight and bias, then ReLU."""
+
+        def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1):
+            super().__init__()
+            self.conv = nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            """Conv, ReLU."""
+            return F.relu(self.conv(x))
+
+    class FoldedDigitNet(nn.Module):
+        """RawDigitNet after BatchNorm folding: two convs, GroupNorm, seven Conv-ReLU layers, two Gemms."""
+
+        def __init__(self, groups: int, epsilon: float) -> None:
+            super().__init__()
+            self.stem = ConvReLU(1, 16)
+            self.expand = nn.Conv2d(16, 32, 3, 1, 1, bias=False)  # no BatchNorm after it, so nothing folded in
+            self.norm = nn.GroupNorm(groups, 32, eps=epsilon)
+            self.block1 = ConvReLU(32, 32)
+            self.down1 = ConvReLU(32, 64, stride=2)
+            self.block2 = ConvReLU(64, 64)
+            self.depthwise2 = ConvReLU(64, 64, groups=64)
+            self.pointwise2 = ConvReLU(64, 64, kernel=1)
+            self.down2 = ConvReLU(64, 96, stride=2)
+            self.pointwise3 = ConvReLU(96, 96, kernel=1)
+            self.fc1 = nn.Linear(96, 64)
+            self.fc2 = nn.Linear(64, 10)
+
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            """Raw counts [N, 1, 16, 16] to logits [N, 10]."""
+            x = F.relu(self.norm(self.expand(self.stem(image))))
+            for layer in (self.block1, self.down1, self.block2, self.depthwise2, self.pointwise2, self.down2):
+                x = layer(x)
+            x = self.pointwise3(x).mean(dim=(2, 3))
+            return self.fc2(F.relu(self.fc1(x)))
+
+    path = Path(onnx_path)
+    layers, group_norm = _onnx_weights(path)
+    net = FoldedDigitNet(group_norm["groups"], group_norm["epsilon"])
+    if len(layers) != len(LAYER_PATHS):
+        names = [node.name for node, _ in layers]
+        raise OnnxWeightError(f"{path}: {len(layers)} Conv/Gemm nodes {names}, the network has {len(LAYER_PATHS)}")
+    for module_path, (node, arrays) in zip(LAYER_PATHS, layers, strict=True):
+        _load_layer(net.get_submodule(module_path), node, arrays, f"{path}, layer {module_path}")
+    for name in ("weight", "bias"):
+        target = getattr(net.norm, name)
+        values = group_norm[name]
+        if values.shape != tuple(target.shape):
+            raise OnnxWeightError(f"{path}: GroupNorm {name} has shape {values.shape}, the module needs {target.shape}")
+        with torch.no_grad():
+            target.copy_(torch.tensor(values, dtype=torch.float32))
+    return net.eval()

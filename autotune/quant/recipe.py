@@ -40,3 +40,13 @@ TENSORRT = QuantRecipe(
     activation_dtype="int8", quantize_conv_output=False, fold_relu_into_output=False, quantize_gemm_bias=False
 )
 """TensorRT: symmetric int8 everywhere, zero points of 0; TensorRT fuses output Q/DQ itself."""
+
+TORCH = QuantRecipe(
+    activation_dtype="int8",
+    quantize_matmul_output=False,
+    quantize_conv_output=False,
+    fold_relu_into_output=False,
+    quantize_gemm_bias=False,
+)
+"""PyTorch: symmetric int8 (and e4m3) activations with static scales, read only at each layer's input; a
+quantized layer returns float, so no output ranges are needed."""
