@@ -199,6 +199,9 @@ class PPOConfig(_Strict):
     clip_range: float = Field(0.2, gt=0)
     net_arch: list[Annotated[int, Field(gt=0)]] = [64, 64]
     checkpoint_every_builds: int = Field(25, gt=0)
+    imagined_episodes: int = Field(128, ge=0)
+    """Episodes rehearsed on the additive model of the trials so far after every real update (Dyna-style);
+    they cost no build. 0: learn from real builds only."""
 
 
 class ConfirmConfig(_Strict):

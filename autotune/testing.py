@@ -112,6 +112,8 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
         "cache_dir": str(root / "cache"),
         "backend": {"timeout_s": 120},
     }
+    # A tiny model builds in a fraction of a second: keep the agent's rehearsals as short as its builds.
+    data["ppo"] = {"imagined_episodes": 16, **overrides.pop("ppo", {})}
     data.update(overrides)
     return parse_config(data, "tiny_config")
 
@@ -164,3 +166,85 @@ def tiny_space(capabilities: Any = None, **search: Any) -> Any:
 
     model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
     return build_space(model.layers, capabilities or OnnxRuntimeCPU().capabilities(), SearchSpaceConfig(**search))
+
+
+def tiny_torch_mlp(features: int = 32, hidden: int = 64, classes: int = 16, seed: int = 0) -> Any:
+    """A PyTorch MLP, ``fc1`` Linear(32, 64) -> ReLU -> ``fc2`` Linear(64, 16), with fixed weights.
+
+    A ``model.torch`` factory for the torch backend's tests (``autotune.testing:tiny_torch_mlp``). The weights
+    come from a private generator, so every call returns the same module and the global RNG is left alone.
+    """
+    import torch
+    from torch import nn
+
+    class TinyTorchMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(features, hidden)
+            self.fc2 = nn.Linear(hidden, classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    return _seeded(TinyTorchMLP, seed)
+
+
+def tiny_torch_cnn(seed: int = 0) -> Any:
+    """A PyTorch CNN on 3 x 16 x 16 images: two convolutions (``stem.0``, ``conv2``), pooling, a Linear ``head``."""
+    import torch
+    from torch import nn
+
+    class TinyTorchCNN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+            self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+            self.head = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.relu(self.conv2(self.stem(x))).mean(dim=(2, 3)))
+
+    return _seeded(TinyTorchCNN, seed)
+
+
+def _seeded(cls: Any, seed: int) -> Any:
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return cls().eval()
+
+
+def tiny_torch_config(root: Path, name: str = "tiny-torch", device: str = "cpu", **overrides: Any) -> TuneConfig:
+    """A config for ``tiny_torch_mlp`` on the torch backend, with labelled data written into ``root`` if missing.
+
+    Labels are the FP32 module's predictions on clean inputs, scored on noisy ones (as ``write_tiny_project``).
+    """
+    import torch
+
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "evaluation.npz").exists():
+        module = tiny_torch_mlp()
+        rng = np.random.default_rng(1)
+        for split, samples in (("calibration", 64), ("evaluation", 128), ("holdout", 128)):
+            clean = rng.standard_normal((samples, 32)).astype(np.float32)
+            with torch.no_grad():
+                labels = module(torch.from_numpy(clean)).argmax(dim=1).numpy().astype(np.int64)
+            noisy = (clean + 0.3 * rng.standard_normal(clean.shape)).astype(np.float32)
+            np.savez(root / f"{split}.npz", x=noisy, labels=labels)
+    data: dict[str, Any] = {
+        "name": name,
+        "model": {"torch": "autotune.testing:tiny_torch_mlp"},
+        "inputs": [{"name": "x", "shape": [32, 32], "dtype": "float32"}],
+        "data": {split: {"npz": str(root / f"{split}.npz")} for split in ("calibration", "evaluation", "holdout")},
+        "metric": {"name": "top1"},
+        "measure": {"warmup": 1, "repeats": 3, "rounds": 1},
+        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1},
+        "accuracy_budget": 0.02,
+        "budget": {"builds": 6},
+        "runs_dir": str(root / "runs"),
+        "cache_dir": str(root / "cache"),
+        "backend": {"name": "torch", "timeout_s": 600, "options": {"device": device}},
+    }
+    data.update(overrides)
+    return parse_config(data, "tiny_torch_config")

@@ -12,10 +12,10 @@ from autotune.evaluate import Evaluator
 from autotune.monitor import RunMonitor
 from autotune.plan import Plan
 from autotune.rundir import RunDir, write_json
-from autotune.search.estimate import LayerEstimates, fit_additive
+from autotune.search.estimate import LayerEstimates, Surrogate, dominant_setting, fit_additive, fit_surrogate
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order
-from autotune.search.space import SearchSpace
+from autotune.search.space import CALIBRATION_KNOB, GRANULARITY_KNOB, SearchSpace
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
@@ -103,6 +103,11 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
 FIXED_STRATEGIES = ("fp32", "int8", "fp16", "bf16", "fp8")
 
 
+def _uniform_seeds(space: SearchSpace) -> list[str]:
+    """The lower precisions some layer of the space offers, INT8 first: each becomes one all-that-precision trial."""
+    return [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in choices for choices in space.choices)]
+
+
 class StoreEstimates:
     """Per-layer estimates fitted from the store, refitted every ``every`` new trials."""
 
@@ -117,7 +122,8 @@ class StoreEstimates:
         """The current estimates, or None while there are too few trials."""
         count = len(self.store)
         if count - self._fitted_at >= self.every:
-            self._estimates = fit_additive(self.layer_names, self.store.trials())
+            trials = dominant_setting(self.store.trials(), (CALIBRATION_KNOB, GRANULARITY_KNOB))
+            self._estimates = fit_additive(self.layer_names, trials)
             self._fitted_at = count
         return self._estimates
 
@@ -136,7 +142,22 @@ def run_search(
         from autotune.search.ppo import train
 
         estimates = StoreEstimates(evaluator.store, space.layer_names)
-        train(config, space, evaluate, lambda: evaluator.builds, run.tensorboard, run.checkpoints, resume, estimates)
+        defaults = {knob.name: knob.default for knob in space.knobs}
+
+        def surrogate() -> Surrogate | None:
+            return fit_surrogate(evaluator.store.trials(), defaults, (CALIBRATION_KNOB, GRANULARITY_KNOB))
+
+        train(
+            config,
+            space,
+            evaluate,
+            lambda: evaluator.builds,
+            run.tensorboard,
+            run.checkpoints,
+            resume,
+            estimates,
+            surrogate,
+        )
         return
     from autotune.search import strategies
 
@@ -205,10 +226,14 @@ def tune(
                     store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
                     return result
 
-                if evaluator.builds < config.budget.builds and strategy not in FIXED_STRATEGIES:
-                    # The usual "build with INT8 enabled" is the first trial of every search: the reference point
-                    # a user compares against, and a data point for the per-layer estimates.
-                    evaluate(space.uniform("int8"))
+                if strategy not in FIXED_STRATEGIES:
+                    # The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16) are
+                    # the first trials of every search: the references a user compares against, and data points
+                    # for the per-layer estimates.
+                    for precision in _uniform_seeds(space):
+                        if evaluator.builds >= config.budget.builds:
+                            break
+                        evaluate(space.uniform(precision))
                 if evaluator.builds < config.budget.builds:
                     run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
                 store.set_meta("wall_s", wall_before + time.time() - started)

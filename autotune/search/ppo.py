@@ -8,6 +8,7 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.plan import Plan
+from autotune.search.estimate import Surrogate
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
@@ -26,8 +27,12 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
             self.last_checkpoint = monitor_builds_start
             self.stalled = 0
             self.last_builds = builds()
+            self.hparams_logged = False
 
         def _on_training_start(self) -> None:
+            if self.hparams_logged:  # training resumes after every rehearsal on the model of the trials
+                return
+            self.hparams_logged = True
             hparams = {k: v for k, v in config.ppo.model_dump().items() if not isinstance(v, list)}
             hparams.update(seed=config.seed, budget=config.budget.builds, accuracy_budget=config.accuracy_budget)
             self.logger.record(
@@ -36,9 +41,10 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
                 exclude=("stdout", "log", "json", "csv"),
             )
 
-        def _save(self) -> None:
+        def _save(self, numbered: bool = True) -> None:
             checkpoints.mkdir(parents=True, exist_ok=True)
-            self.model.save(checkpoints / f"ppo_{builds()}_builds.zip")
+            if numbered:
+                self.model.save(checkpoints / f"ppo_{builds()}_builds.zip")
             tmp = checkpoints / ".latest.tmp.zip"
             self.model.save(tmp)
             tmp.replace(checkpoints / LATEST)
@@ -55,7 +61,7 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
             return done < config.budget.builds and self.stalled < config.budget.stall_episodes
 
         def _on_training_end(self) -> None:
-            self._save()
+            self._save(numbered=builds() >= config.budget.builds)
 
     return BudgetCallback()
 
@@ -69,8 +75,13 @@ def train(
     checkpoints: Path,
     resume: bool = False,
     estimates: Callable[[], Any] | None = None,
+    surrogate: Callable[[], Surrogate | None] | None = None,
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
+
+    Real updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes
+    scored by the additive model of the trials so far, which cost no build (Dyna): the agent learns which layers
+    pay from a few dozen builds, and every plan it builds corrects the model.
 
     Args:
         config: The run's config (``ppo``, ``seed``, ``budget``, ``reward``).
@@ -81,6 +92,7 @@ def train(
         checkpoints: Where checkpoints go; ``latest.zip`` is the one ``resume`` loads.
         resume: Continue from ``checkpoints/latest.zip`` when it exists.
         estimates: Per-layer estimates fitted from the trials so far, for the observations.
+        surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
 
     Returns:
         The trained model.
@@ -91,20 +103,29 @@ def train(
 
     from envs.engine_build import EngineBuildEnv
 
-    def make_env() -> EngineBuildEnv:
-        return EngineBuildEnv(space, evaluate, config.reward, config.search_budget, estimates=estimates)
+    def make_env(score: Callable[[Plan], TrialResult]) -> Callable[[], EngineBuildEnv]:
+        return lambda: EngineBuildEnv(space, score, config.reward, config.search_budget, estimates=estimates)
 
-    venv = DummyVecEnv([make_env])
-    venv.seed(config.seed)
-    episode_length = len(venv.envs[0].unwrapped.steps)
+    real = DummyVecEnv([make_env(evaluate)])
+    real.seed(config.seed)
+    current: list[Surrogate | None] = [None]
+
+    def imagine(plan: Plan) -> TrialResult:
+        model_of_trials = current[0]
+        assert model_of_trials is not None  # imagined episodes run only once a model is fitted
+        return model_of_trials.result(plan)
+
+    imagined = DummyVecEnv([make_env(imagine)])
+    imagined.seed(config.seed + 1)
+    episode_length = len(real.envs[0].unwrapped.steps)
     n_steps = config.ppo.episodes_per_update * episode_length
     latest = checkpoints / LATEST
     if resume and latest.exists():
-        model = MaskablePPO.load(latest, env=venv, device="cpu")
+        model = MaskablePPO.load(latest, env=real, device="cpu")
     else:
         model = MaskablePPO(
             "MlpPolicy",
-            venv,
+            real,
             n_steps=n_steps,
             batch_size=max(2, n_steps // config.ppo.minibatches),
             n_epochs=config.ppo.n_epochs,
@@ -119,11 +140,20 @@ def train(
             verbose=0,
         )
     model.set_logger(configure(str(tensorboard_dir), ["csv", "tensorboard"]))
-    # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
-    total_steps = episode_length * (config.budget.builds + config.budget.stall_episodes) * 50
     callback = _make_callback(config, builds, checkpoints, builds())
+    # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
+    max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
     try:
-        model.learn(total_timesteps=total_steps, callback=callback, reset_num_timesteps=not resume, log_interval=1)
+        for update in range(max_updates):
+            model.set_env(real)
+            model.learn(n_steps, callback=callback, reset_num_timesteps=not resume and update == 0, log_interval=1)
+            if builds() >= config.budget.builds or callback.stalled >= config.budget.stall_episodes:
+                break
+            current[0] = surrogate() if surrogate is not None and config.ppo.imagined_episodes else None
+            if current[0] is not None:
+                rehearsal = -(-config.ppo.imagined_episodes // config.ppo.episodes_per_update) * n_steps
+                model.set_env(imagined)
+                model.learn(rehearsal, reset_num_timesteps=False, log_interval=1)
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
         callback._save()

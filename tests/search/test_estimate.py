@@ -3,7 +3,7 @@ import pytest
 
 from autotune.plan import Plan
 from autotune.search.episode import decisions, observe
-from autotune.search.estimate import MIN_TRIALS, fit_additive
+from autotune.search.estimate import MIN_TRIALS, fit_additive, fit_surrogate
 from autotune.testing import tiny_space
 from autotune.trial import TrialResult
 
@@ -51,3 +51,78 @@ def test_observation_carries_the_estimates():
     assert informed[-2] == pytest.approx(0.05, abs=1e-3)
     assert informed[-1] == pytest.approx(0.1, abs=1e-3)
     assert np.array_equal(plain[:-4], informed[:-4])
+
+
+def _mixed_trial(precisions, knob, saving, drop):
+    plan = Plan.make(precisions, {"calibration": knob})
+    keys = [(n, p) for n, p in precisions.items() if p != "fp32"]
+    saved = sum(saving[k] for k in keys) + (0.05 if knob == "entropy" else 0.0)
+    # a calibration method scales every quantized layer's error: not an additive knob term
+    lost = sum(drop[k] for k in keys) * (1.5 if knob == "entropy" else 1.0)
+    return TrialResult(plan=plan, speedup=1 / (1 - saved), accuracy_drop=lost)
+
+
+def test_surrogate_recovers_terms_per_layer_precision_and_knob_value():
+    rng = np.random.default_rng(1)
+    saving = {(n, p): rng.uniform(0.01, 0.2) for n in NAMES for p in ("fp16", "int8")}
+    drop = {(n, p): rng.uniform(0, 0.003) * (p == "int8") for n in NAMES for p in ("fp16", "int8")}
+    trials = [
+        _mixed_trial(
+            {n: rng.choice(["fp32", "fp16", "int8"]) for n in NAMES}, rng.choice(["max", "entropy"]), saving, drop
+        )
+        for _ in range(80)
+    ]
+    model = fit_surrogate(trials, {"calibration": "max"}, accuracy_knobs=("calibration",), ridge=1e-6)
+    assert model.trials == 80 and ("knob", "calibration", "max") not in model.saving.columns  # default: no term
+    assert set(model.drops) == {("max",), ("entropy",)}  # one set of drop terms per calibration method
+    for trial in trials[:10]:
+        speedup, lost = model.predict(trial.plan)
+        assert speedup == pytest.approx(trial.speedup, rel=1e-4)
+        assert lost == pytest.approx(trial.accuracy_drop, abs=1e-6)
+    imagined = model.result(trials[0].plan)
+    assert imagined.ok and imagined.split == "surrogate" and imagined.from_store
+    unseen = Plan.make({n: "fp8" for n in NAMES}, {"calibration": "max"})
+    assert model.predict(unseen) == (1.0, 0.0)  # terms it never saw count 0
+    assert fit_surrogate(trials[: MIN_TRIALS - 1], {"calibration": "max"}) is None
+
+
+def test_surrogate_falls_back_to_the_pooled_drop_for_a_rare_setting():
+    rng = np.random.default_rng(2)
+    saving = {(n, "int8"): 0.05 for n in NAMES}
+    drop = {(n, "int8"): 0.001 for n in NAMES}
+    trials = [_mixed_trial({n: rng.choice(["fp32", "int8"]) for n in NAMES}, "max", saving, drop) for _ in range(20)]
+    trials += [_mixed_trial({n: "int8" for n in NAMES}, "entropy", saving, drop) for _ in range(2)]
+    model = fit_surrogate(trials, {"calibration": "max"}, accuracy_knobs=("calibration",), ridge=1e-6)
+    assert set(model.drops) == {("max",)}
+    assert (
+        model.predict(trials[-1].plan)[1]
+        > model.predict(Plan.make({n: "int8" for n in NAMES}, {"calibration": "max"}))[1]
+    )
+
+
+def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
+    from autotune.search.ppo import train
+    from autotune.testing import synthetic_evaluator, tiny_config
+
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    seen: list[TrialResult] = []
+
+    def real(plan):
+        seen.append(evaluate(plan))
+        return seen[-1]
+
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 4, "imagined_episodes": 16})
+    fits = []
+
+    def surrogate():
+        fits.append(fit_surrogate(seen, defaults))
+        return fits[-1]
+
+    model = train(config, space, real, lambda: len(seen), tmp_path / "tb", tmp_path / "ckpt", surrogate=surrogate)
+    episode_length = len(decisions(space))
+    assert len(seen) == 24  # real builds: exactly the budget
+    assert any(fit is not None for fit in fits)
+    rehearsed = model.num_timesteps - 24 * episode_length
+    assert rehearsed >= 16 * episode_length  # at least one rehearsal ran, and it built nothing
