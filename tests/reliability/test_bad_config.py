@@ -32,7 +32,10 @@ CASES = {
         ["backend.name=tensorrt"],
         ["TensorRT is not installed", "pip install tensorrt-cu13 cuda-python"],
     ),
-    "backend not in this version": (["backend.name=torch"], ["backend 'torch' is not available in this version"]),
+    "torch backend for an ONNX-only model": (
+        ["backend.name=torch"],
+        ["the torch backend needs model.torch", "ONNX-only models run on onnxruntime or tensorrt"],
+    ),
     "knob value the backend does not offer": (
         ["search.knobs={graph_optimization_level: [turbo]}"],
         ["search.knobs.graph_optimization_level: none of ['turbo'] is offered; allowed ['all', 'extended', 'basic']"],
