@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -69,8 +70,15 @@ def start(*args: str, cwd: Path, **kwargs: Any) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # A shell's background job (`make test &`) ignores SIGINT, and an ignored signal is inherited: give the
+        # run a terminal's default disposition, so the tests' Ctrl-C reaches it as it would in a terminal.
+        preexec_fn=_default_sigint,
         **kwargs,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition: Any, process: subprocess.Popen | None = None, timeout: float = 120, what: str = "") -> None:

@@ -36,14 +36,9 @@ def _stop(process) -> None:
 
 
 def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
-    # A tiny build takes milliseconds: with the shortest protocol the rest of the run could finish between the
-    # poll that sees 8 trials and the interrupt, so each trial here measures longer (a few tenths of a second).
     budget = 24
     config = fast_config(
-        tmp_path,
-        budget={"builds": budget},
-        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5},
-        measure={"warmup": 1, "repeats": 50, "rounds": 40},
+        tmp_path, budget={"builds": budget}, ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5}
     )
     store_path = config.run_dir / "trials.sqlite"
     process = start("tune", write_config(tmp_path, config), "--no-progress", cwd=tmp_path)
