@@ -202,6 +202,9 @@ class PPOConfig(_Strict):
     imagined_episodes: int = Field(128, ge=0)
     """Episodes rehearsed on the additive model of the trials so far after every real update (Dyna-style);
     they cost no build. 0: learn from real builds only."""
+    reward_shaping: bool = True
+    """Pay each layer step the change in the reward its per-layer estimates predict (potential-based shaping:
+    the episode's return is unchanged); False: one sparse reward at the end of the episode."""
 
 
 class ConfirmConfig(_Strict):

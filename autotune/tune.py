@@ -226,16 +226,20 @@ def tune(
                     store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
                     return result
 
-                if strategy not in FIXED_STRATEGIES:
-                    # The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16) are
-                    # the first trials of every search: the references a user compares against, and data points
-                    # for the per-layer estimates.
-                    for precision in _uniform_seeds(space):
-                        if evaluator.builds >= config.budget.builds:
-                            break
-                        evaluate(space.uniform(precision))
-                if evaluator.builds < config.budget.builds:
-                    run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
+                try:
+                    if strategy not in FIXED_STRATEGIES:
+                        # The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16)
+                        # are the first trials of every search: the references a user compares against, and data
+                        # points for the per-layer estimates.
+                        for precision in _uniform_seeds(space):
+                            if evaluator.builds >= config.budget.builds:
+                                break
+                            evaluate(space.uniform(precision))
+                    if evaluator.builds < config.budget.builds:
+                        run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
+                except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
+                    store.set_meta("wall_s", wall_before + time.time() - started)
+                    raise
                 store.set_meta("wall_s", wall_before + time.time() - started)
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)

@@ -6,6 +6,11 @@ Usage:
 
 Runs share the calibration cache (``cache_dir``) but not the trial store: each strategy pays for its own builds.
 Every trial measures its FP32 reference interleaved in the same process, so rewards compare across runs.
+
+On a machine with many cores, ``--jobs N`` runs N strategy-seed runs at once, each pinned to its own
+``--cores-per-job`` physical cores (set the config's ``backend.intra_op_threads`` to match): the first run goes
+alone, so the model export and the calibration cache are made once. Interrupted (Ctrl-C, SIGTERM), every run
+keeps its trials; the same command resumes them all.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import json
 import os
 import platform
 import shlex
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,23 +42,33 @@ def best_so_far(rewards: list[float]) -> list[float]:
     return list(np.maximum.accumulate(rewards)) if rewards else []
 
 
-def run_one(config_path: str, strategy: str, seed: int, budget: int, out: Path, overrides: list[str]) -> dict:
-    """One strategy and seed; returns its curve and headline numbers."""
+def run_one(
+    config_path: str, strategy: str, seed: int, budget: int, out: Path, overrides: list[str], report: bool = False
+) -> dict | None:
+    """One strategy and seed; returns its curve and headline numbers.
+
+    With ``report``, nothing runs: an unfinished run is reported as far as it got (no confirmed winner yet), and a
+    run that never started gives None.
+    """
     name = f"{strategy}-s{seed}"
     config = load_config(
         config_path, [f"budget.builds={budget}", f"seed={seed}", f"name={name}", f"runs_dir={out / 'runs'}", *overrides]
     )
     run_dir = config.run_dir
     started = time.time()
-    if not (run_dir / "summary.json").exists():
+    if report and not (run_dir / "trials.sqlite").exists():
+        return None
+    if not report and not (run_dir / "summary.json").exists():
         if (run_dir / "trials.sqlite").exists():
             tune(resume_dir=run_dir, progress=False)
         else:
             tune(config, strategy=strategy, progress=False)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    finished = (run_dir / "summary.json").exists()
+    summary = json.loads((run_dir / "summary.json").read_text()) if finished else {"winner": None}
     with TrialStore(run_dir / "trials.sqlite") as store:
         trials = list(store.trials())
-        wall_s = float(store.get_meta("wall_s", time.time() - started))
+        wall = store.get_meta("wall_s")  # written when the run ends
+        wall_s = float(wall) if wall is not None else None if report else time.time() - started
     rewards = [reward(t, config.reward, config.accuracy_budget) for t in trials]
     within = [t for t in trials if meets_budget(t, config.accuracy_budget)]
     best_within = max(within, key=lambda t: t.speedup) if within else None
@@ -66,7 +83,9 @@ def run_one(config_path: str, strategy: str, seed: int, budget: int, out: Path, 
             "accuracy_drop": best_within.accuracy_drop if best_within else None,
         },
         "confirmed_winner": summary["winner"],
+        "finished": finished,
         "wall_s": wall_s,
+        "cpus": sorted(os.sched_getaffinity(0)),
     }
 
 
@@ -104,8 +123,8 @@ def table(results: list[dict], budget: int) -> tuple[str, float]:
             reach_text += f" ({sum(x is None for x in reach)}/{len(rows)} never)"
         lines.append(
             f"| {strategy} | {len(rows)} | {_cell([r['best_reward'] for r in rows], '.3f')} "
-            f"| {_cell([r['confirmed_winner']['speedup'] for r in rows], '.2f')} "
-            f"| {_cell([r['confirmed_winner']['accuracy_drop'] for r in rows], '.4f')} "
+            f"| {_cell([(r['confirmed_winner'] or {}).get('speedup') for r in rows], '.2f')} "
+            f"| {_cell([(r['confirmed_winner'] or {}).get('accuracy_drop') for r in rows], '.4f')} "
             f"| {_cell([r['search_best_within_budget']['speedup'] for r in rows], '.2f')} "
             f"| {reach_text} | {_cell([float(r['builds']) for r in rows], '.0f')} "
             f"| {_cell([r['wall_s'] for r in rows], '.0f')} |"
@@ -150,6 +169,107 @@ def plot(results: list[dict], budget: int, path: Path, title: str) -> None:
     plt.close(figure)
 
 
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return ", " + line.split(":", 1)[1].strip()
+    return ""
+
+
+def _siblings(cpu: int) -> str:
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    return path.read_text().strip() if path.exists() else str(cpu)
+
+
+def by_core(cpus: list[int]) -> list[int]:
+    """``cpus`` reordered so that the hyperthreads of one physical core are next to each other."""
+    groups: dict[str, list[int]] = {}
+    for cpu in cpus:
+        groups.setdefault(_siblings(cpu), []).append(cpu)
+    return [cpu for group in groups.values() for cpu in group]
+
+
+def physical_cores() -> list[int]:
+    """One logical CPU per physical core this process may use (hyperthread siblings left out), in order."""
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen: list[int] = []
+    seen: set[str] = set()
+    for cpu in allowed:
+        key = _siblings(cpu)
+        if key not in seen:
+            seen.add(key)
+            chosen.append(cpu)
+    return chosen
+
+
+def _part_path(out: Path, strategy: str, seed: int) -> Path:
+    return out / "parts" / f"{strategy}-s{seed}.json"
+
+
+def run_parallel(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[dict]:
+    """Runs the first run here, then the rest as child processes, ``args.jobs`` at a time, each on its own cores."""
+    cores = physical_cores()
+    if len(cores) < args.jobs * args.cores_per_job:
+        # not enough physical cores: hand out hyperthreads, siblings together, so runs still share no core
+        cores = by_core(sorted(os.sched_getaffinity(0)))
+    slots = min(args.jobs, len(cores) // args.cores_per_job)
+    if slots < 1:
+        raise SystemExit(f"--cores-per-job {args.cores_per_job} exceeds the {len(cores)} CPUs here")
+    core_sets = [cores[i * args.cores_per_job : (i + 1) * args.cores_per_job] for i in range(slots)]
+    print(f"[bench] {slots} runs at a time on cores {core_sets}", flush=True)
+    results = {runs[0]: run_one(args.config, *runs[0], args.budget, args.out, args.set)}
+    pending = list(runs[1:])
+    running: dict[subprocess.Popen, tuple[tuple[str, int], list[int]]] = {}
+    free = list(core_sets)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while pending or running:
+            while pending and free:
+                strategy, seed = pending.pop(0)
+                cpus = free.pop(0)
+                command = [sys.executable, __file__, args.config, "--strategies", strategy, "--seeds", str(seed)]
+                command += ["--budget", str(args.budget), "--out", str(args.out), "--part"]
+                command += [item for override in args.set for item in ("--set", override)]
+                environment = dict(os.environ, OMP_NUM_THREADS=str(len(cpus)))
+                log = open(args.out / "parts" / f"{strategy}-s{seed}.log", "a")  # noqa: SIM115 (closed with the run)
+                child = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=environment,
+                    preexec_fn=lambda cpus=cpus: os.sched_setaffinity(0, cpus),
+                    start_new_session=True,  # a Ctrl-C or timeout reaches it once, forwarded below
+                )
+                log.close()
+                running[child] = ((strategy, seed), cpus)
+                print(f"[bench] {strategy} seed {seed} on cores {cpus}", flush=True)
+            time.sleep(2)
+            for child in [c for c in running if c.poll() is not None]:
+                (strategy, seed), cpus = running.pop(child)
+                free.append(cpus)
+                part = _part_path(args.out, strategy, seed)
+                if child.returncode != 0 or not part.exists():
+                    raise SystemExit(
+                        f"{strategy} seed {seed} failed (exit {child.returncode}); see {part.with_suffix('.log')}"
+                    )
+                results[(strategy, seed)] = json.loads(part.read_text())
+                print(f"[bench] {strategy} seed {seed} done", flush=True)
+    except KeyboardInterrupt:
+        # Each run saves its trials and agent on SIGINT, as a run does on Ctrl-C; the same command resumes them.
+        for child in running:
+            child.send_signal(signal.SIGINT)
+        for child in running:
+            child.wait()
+        raise
+    return [results[run] for run in runs]
+
+
 def main() -> int:
     """Runs the benchmark and writes results.json, results.md and best_so_far.png into --out."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,21 +279,59 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=150)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--set", action="append", default=[], help="config override for every run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time, each pinned to its own cores")
+    parser.add_argument("--cores-per-job", type=int, default=2)
+    parser.add_argument("--part", action="store_true", help=argparse.SUPPRESS)  # one run of a --jobs benchmark
+    parser.add_argument(
+        "--report", action="store_true", help="run nothing: tabulate the runs in --out as far as they got"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for strategy in args.strategies:
-        seeds = args.seeds[:1] if strategy in FIXED + DETERMINISTIC else args.seeds
-        for seed in seeds:
+    runs = [
+        (strategy, seed)
+        for strategy in args.strategies
+        for seed in (args.seeds[:1] if strategy in FIXED + DETERMINISTIC else args.seeds)
+    ]
+    if args.report:
+        found = [run_one(args.config, *run, args.budget, args.out, args.set, report=True) for run in runs]
+        results = [r for r in found if r is not None]
+        unfinished = [f"{r['strategy']}-s{r['seed']} ({r['builds']} builds)" for r in results if not r["finished"]]
+        markdown, target = table(results, args.budget)
+        plot(results, args.budget, args.out / "best_so_far.png", f"{Path(args.config).stem}: best-so-far reward")
+        command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+        machine = args.out / "machine.txt"  # written where the runs ran (bench/device_bench.sh)
+        note = f"Report of the runs in {args.out}: `{command}`\n\n"
+        if machine.exists():
+            note += "Measured on:\n\n```\n" + machine.read_text().strip() + "\n```\n\n"
+        if unfinished:
+            note += f"Unfinished: {', '.join(unfinished)}.\n\n"
+        (args.out / "results.md").write_text(note + markdown + "\n")
+        print(note + markdown)
+        return 0
+    if args.part:
+        ((strategy, seed),) = runs
+        result = run_one(args.config, strategy, seed, args.budget, args.out, args.set)
+        _part_path(args.out, strategy, seed).write_text(json.dumps(result, indent=2, default=str))
+        return 0
+    if args.jobs > 1:
+        (args.out / "parts").mkdir(exist_ok=True)
+        # fixed references first: the first run makes the shared caches alone
+        runs.sort(key=lambda run: run[0] not in FIXED)
+        results = run_parallel(args, runs)
+    else:
+        results = []
+        for strategy, seed in runs:
             print(f"[bench] {strategy} seed {seed}", flush=True)
             results.append(run_one(args.config, strategy, seed, args.budget, args.out, args.set))
             (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     markdown, target = table(results, args.budget)
     plot(results, args.budget, args.out / "best_so_far.png", f"{Path(args.config).stem}: best-so-far reward")
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.node()} ({platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}); "
+        f"{os.cpu_count()} CPUs{_cpu_model()}, Python {platform.python_version()}"
+        f"{f'; {args.jobs} runs at a time, {args.cores_per_job} cores each' if args.jobs > 1 else ''}); "
         f"budget {args.budget} builds; 98% target reward {target:.3f}.\n\n"
         f"Command: `{command}`\n\n"
     )

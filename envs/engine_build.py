@@ -14,7 +14,15 @@ import numpy as np
 
 from autotune.config import RewardConfig
 from autotune.plan import Plan
-from autotune.search.episode import action_count, action_mask, decisions, observation_size, observe, plan_from_actions
+from autotune.search.episode import (
+    action_count,
+    action_mask,
+    decisions,
+    observation_size,
+    observe,
+    plan_from_actions,
+    potential,
+)
 from autotune.search.estimate import LayerEstimates
 from autotune.search.reward import reward
 from autotune.search.space import SearchSpace
@@ -31,6 +39,8 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         accuracy_budget: Drop allowed without penalty.
         render_mode: ``"ansi"`` or None.
         estimates: Returns per-layer estimates fitted from the trials so far (observation features), or None.
+        shaping: Pay each step the change in the estimates' predicted reward (potential-based shaping, see
+            :func:`autotune.search.episode.potential`); the episode's return is still the real reward.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -43,6 +53,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         accuracy_budget: float = 0.01,
         render_mode: str | None = None,
         estimates: Callable[[], LayerEstimates | None] | None = None,
+        shaping: bool = False,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -50,6 +61,8 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         self.accuracy_budget = accuracy_budget
         self.render_mode = render_mode
         self.estimates = estimates
+        self.shaping = shaping
+        self._potential = 0.0
         self._episode_estimates: LayerEstimates | None = None
         self.steps = decisions(space)
         if not self.steps:
@@ -75,6 +88,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         self._chosen = []
         # fixed for the episode, so the observations of one episode are consistent
         self._episode_estimates = self.estimates() if self.estimates is not None else None
+        self._potential = 0.0
         return self._observe(), self._info()
 
     def _observe(self) -> np.ndarray:
@@ -87,13 +101,14 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         # MaskablePPO never sends a masked action; unmasked samplers (env checkers) may, so fold it into range.
         self._chosen.append(int(action) % len(self.steps[len(self._chosen)].options))
         if len(self._chosen) < len(self.steps):
-            return self._observe(), 0.0, False, False, self._info()
+            return self._observe(), self._shaped(0.0), False, False, self._info()
         plan = plan_from_actions(self.space, self.steps, self._chosen)
         result = self.evaluate(plan)
         self.last_result = result
         value = reward(result, self.reward_config, self.accuracy_budget)
         info = self._info()
         info.update(
+            reward=value,
             plan_hash=plan.hash,
             status=result.status,
             error=result.error,
@@ -105,7 +120,19 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
             from_store=result.from_store,
             is_success=bool(result.ok and (result.accuracy_drop or 0.0) <= self.accuracy_budget),
         )
-        return self._observe(), float(value), True, False, info
+        return self._observe(), float(value - self._potential), True, False, info
+
+    def _shaped(self, reward_now: float) -> float:
+        """The step's reward plus the change in potential (0 without shaping)."""
+        if not self.shaping:
+            return reward_now
+        before, self._potential = (
+            self._potential,
+            potential(
+                self.space, self.steps, self._chosen, self._episode_estimates, self.reward_config, self.accuracy_budget
+            ),
+        )
+        return reward_now + self._potential - before
 
     def render(self) -> str | None:
         """The choices so far, as text."""

@@ -104,7 +104,9 @@ def train(
     from envs.engine_build import EngineBuildEnv
 
     def make_env(score: Callable[[Plan], TrialResult]) -> Callable[[], EngineBuildEnv]:
-        return lambda: EngineBuildEnv(space, score, config.reward, config.search_budget, estimates=estimates)
+        return lambda: EngineBuildEnv(
+            space, score, config.reward, config.search_budget, estimates=estimates, shaping=config.ppo.reward_shaping
+        )
 
     real = DummyVecEnv([make_env(evaluate)])
     real.seed(config.seed)

@@ -27,10 +27,15 @@ def reward(result: TrialResult, config: RewardConfig, accuracy_budget: float) ->
     """
     if not result.ok or result.speedup is None or result.accuracy_drop is None or result.speedup <= 0:
         return config.failure
-    excess = max(0.0, result.accuracy_drop - accuracy_budget)
+    return reward_of(result.speedup, result.accuracy_drop, config, accuracy_budget)
+
+
+def reward_of(speedup: float, accuracy_drop: float, config: RewardConfig, accuracy_budget: float) -> float:
+    """The reward of a successful trial with this speedup (> 0) and accuracy drop."""
+    excess = max(0.0, accuracy_drop - accuracy_budget)
     if config.penalty_units == "budget" and accuracy_budget > 0:
         excess /= accuracy_budget
-    return math.log(result.speedup) - config.accuracy_penalty * excess
+    return math.log(speedup) - config.accuracy_penalty * excess
 
 
 def meets_budget(result: TrialResult, accuracy_budget: float) -> bool:

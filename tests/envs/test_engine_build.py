@@ -95,3 +95,70 @@ def test_masked_ppo_trains_on_the_synthetic_evaluator(space):
     obs, _ = env.reset()
     action, _ = model.predict(obs, action_masks=env.action_masks(), deterministic=True)
     assert env.action_masks()[int(action)]
+
+
+def _estimates_of(space, evaluate):
+    """Exact per-layer estimates of the synthetic evaluator (its latency is additive up to a 0.2 floor)."""
+    from autotune.search.estimate import LayerEstimates
+
+    saving, drop = [], []
+    for name in space.layer_names:
+        result = evaluate(space.plan({name: "int8"}))
+        saving.append(1.0 - 1.0 / result.speedup)
+        drop.append(result.accuracy_drop)
+    return LayerEstimates(np.array(saving), np.array(drop), trials=len(saving))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shaping_credits_each_layer_and_keeps_the_episode_return(space, seed):
+    evaluate = synthetic_evaluator(space, seed=seed)
+    estimates = _estimates_of(space, evaluate)
+    config = RewardConfig(accuracy_penalty=5.0)
+    shaped = EngineBuildEnv(space, evaluate, config, accuracy_budget=0.004, estimates=lambda: estimates, shaping=True)
+    plain = EngineBuildEnv(space, evaluate, config, accuracy_budget=0.004, estimates=lambda: estimates)
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        actions = [int(rng.integers(len(step.options))) for step in shaped.steps]
+        returns = []
+        for env in (shaped, plain):
+            env.reset(seed=seed)
+            step_rewards = [env.step(action)[1] for action in actions]
+            returns.append(step_rewards)
+        # the same plan, the same return: shaping only moves reward to earlier steps
+        assert sum(returns[0]) == pytest.approx(sum(returns[1]))
+        assert all(r == 0.0 for r in returns[1][:-1])
+        used = 0.0  # estimated drop of the layers quantized so far
+        for step, action, step_reward in zip(shaped.steps[:-1], actions, returns[0], strict=False):
+            if step.kind == "knob" or step.options[action] == "fp32":
+                assert step_reward == 0.0  # the estimates predict no change
+                continue
+            used += sum(estimates.drop[i] for i in space.groups[step.index])
+            if used <= 0.004:  # still within the budget: the layer's estimated saving, nothing else
+                assert step_reward > 0.0
+
+
+def test_shaping_rewards_a_cheap_layer_and_charges_the_one_that_breaks_the_budget(space):
+    from autotune.search.episode import potential
+    from autotune.search.estimate import LayerEstimates
+
+    n = len(space.layer_names)
+    saving = np.full(n, 0.1)
+    drop = np.zeros(n)
+    drop[1] = 0.02  # the second layer alone is five budgets over
+    estimates = LayerEstimates(saving, drop, trials=10)
+    env = EngineBuildEnv(
+        space,
+        synthetic_evaluator(space),
+        RewardConfig(),
+        accuracy_budget=0.004,
+        estimates=lambda: estimates,
+        shaping=True,
+    )
+    env.reset(seed=0)
+    int8 = [step.options.index("int8") for step in env.steps[:2]]
+    first = env.step(int8[0])[1]
+    second = env.step(int8[1])[1]
+    assert first == pytest.approx(-np.log(0.9))
+    assert second == pytest.approx(-np.log(0.8) + np.log(0.9) - 5.0 * 4.0)
+    assert potential(space, env.steps, [], estimates, RewardConfig(), 0.004) == 0.0
+    assert potential(space, env.steps, int8, None, RewardConfig(), 0.004) == 0.0

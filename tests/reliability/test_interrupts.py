@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
+from contextlib import closing
 
 import onnx
 import pytest
@@ -61,11 +63,20 @@ def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
         wait_for(lambda pid=pid: not alive(pid), timeout=10, what=f"helper process {pid} to end")
     before = snapshot(store_path)
     assert 8 <= len(before) < budget
+    wall_at_interrupt = _wall_s(store_path)
+    assert wall_at_interrupt > 0  # the time spent so far is kept with the trials
 
     resumed = autotune("resume", config.run_dir, "--no-progress", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_resumed_cleanly(store_path, before, budget)
     assert "winner" in resumed.stdout and (config.run_dir / "summary.json").is_file()
+    assert _wall_s(store_path) > wall_at_interrupt  # the resumed run adds its time to it
+
+
+def _wall_s(store_path):
+    with closing(sqlite3.connect(store_path)) as db:
+        (value,) = db.execute("SELECT value FROM meta WHERE key = 'wall_s'").fetchone()
+    return json.loads(value)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])

@@ -1,0 +1,43 @@
+"""bench/run.py: strategies x seeds, in one process or several at once, each pinned to its own cores."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.config import dump_config
+from autotune.testing import tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(ROOT / "bench" / "run.py"), str(config), "--strategies", "fp32", "random"]
+    command += ["--seeds", "0", "1", "--budget", "3", "--out", str(out), *extra]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=ROOT)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to run two runs at once")
+def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_config(tmp_path)))
+    out = tmp_path / "bench"
+    done = _bench(config, out, "--jobs", "2", "--cores-per-job", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["strategy"], r["seed"]) for r in results] == [("fp32", 0), ("random", 0), ("random", 1)]
+    assert all(r["builds"] <= 3 for r in results)
+    children = [r for r in results if r["strategy"] == "random"]
+    assert all(len(r["cpus"]) == 1 for r in children)  # pinned: one core each, not the whole machine
+    assert len(results[0]["cpus"]) == len(os.sched_getaffinity(0))  # the first run went alone, unpinned
+    assert (out / "parts" / "random-s1.json").exists()
+    assert "2 runs at a time" in (out / "results.md").read_text()
+    # a second call finds every run finished and measures nothing again
+    trials_before = {r["seed"]: r["builds"] for r in children}
+    again = _bench(config, out, "--jobs", "2", "--cores-per-job", "1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {r["seed"]: r["builds"] for r in json.loads((out / "results.json").read_text())[1:]} == trials_before
