@@ -7,11 +7,14 @@
 #           --seeds 0 1 2 --budget 150 --out bench/results/minilm-cpu --jobs 11 --cores-per-job 2
 #
 # The first argument is the seconds the benchmark may run in this call; the rest go to bench/run.py.
+# On a fresh machine (a later session), RESUME_FROM=FILE.tgz first unpacks the results.tgz an earlier call
+# returned (kept under .device/, which is carried), so every run continues where it stopped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=$1
 shift
 bash bench/device_wheels.sh install >/dev/null
+if [[ -n "${RESUME_FROM:-}" ]]; then tar xzf "$RESUME_FROM"; fi
 export PYTHONPATH=$PWD/.device/site:$PWD AUTOTUNE_MINILM_DIR=$PWD/.device/minilm MPLBACKEND=Agg
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
