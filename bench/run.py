@@ -67,7 +67,7 @@ def run_one(
     summary = json.loads((run_dir / "summary.json").read_text()) if finished else {"winner": None}
     with TrialStore(run_dir / "trials.sqlite") as store:
         trials = list(store.trials())
-        wall = store.get_meta("wall_s")  # written when the run ends
+        wall = store.get_meta("wall_s")  # written when the run ends or is interrupted
         wall_s = float(wall) if wall is not None else None if report else time.time() - started
     rewards = [reward(t, config.reward, config.accuracy_budget) for t in trials]
     within = [t for t in trials if meets_budget(t, config.accuracy_budget)]
@@ -292,21 +292,18 @@ def main() -> int:
         for strategy in args.strategies
         for seed in (args.seeds[:1] if strategy in FIXED + DETERMINISTIC else args.seeds)
     ]
+    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     if args.report:
         found = [run_one(args.config, *run, args.budget, args.out, args.set, report=True) for run in runs]
         results = [r for r in found if r is not None]
         unfinished = [f"{r['strategy']}-s{r['seed']} ({r['builds']} builds)" for r in results if not r["finished"]]
-        markdown, target = table(results, args.budget)
-        plot(results, args.budget, args.out / "best_so_far.png", f"{Path(args.config).stem}: best-so-far reward")
-        command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
         machine = args.out / "machine.txt"  # written where the runs ran (bench/device_bench.sh)
-        note = f"Report of the runs in {args.out}: `{command}`\n\n"
+        header = f"Report of the runs in {args.out}: `{command}`\n\n"
         if machine.exists():
-            note += "Measured on:\n\n```\n" + machine.read_text().strip() + "\n```\n\n"
+            header += "Measured on:\n\n```\n" + machine.read_text().strip() + "\n```\n\n"
         if unfinished:
-            note += f"Unfinished: {', '.join(unfinished)}.\n\n"
-        (args.out / "results.md").write_text(note + markdown + "\n")
-        print(note + markdown)
+            header += f"Unfinished: {', '.join(unfinished)}.\n\n"
+        write_report(args, results, header)
         return 0
     if args.part:
         ((strategy, seed),) = runs
@@ -325,19 +322,23 @@ def main() -> int:
             results.append(run_one(args.config, strategy, seed, args.budget, args.out, args.set))
             (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    markdown, target = table(results, args.budget)
-    plot(results, args.budget, args.out / "best_so_far.png", f"{Path(args.config).stem}: best-so-far reward")
-    command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.node()} ({platform.machine()}, "
         f"{os.cpu_count()} CPUs{_cpu_model()}, Python {platform.python_version()}"
         f"{f'; {args.jobs} runs at a time, {args.cores_per_job} cores each' if args.jobs > 1 else ''}); "
-        f"budget {args.budget} builds; 98% target reward {target:.3f}.\n\n"
-        f"Command: `{command}`\n\n"
+        f"budget {args.budget} builds.\n\nCommand: `{command}`\n\n"
     )
-    (args.out / "results.md").write_text(header + markdown + "\n")
-    print(header + markdown)
+    write_report(args, results, header)
     return 0
+
+
+def write_report(args: argparse.Namespace, results: list[dict], header: str) -> None:
+    """Writes results.md (``header``, the 98% target, the table) and best_so_far.png into ``args.out``."""
+    markdown, target = table(results, args.budget)
+    plot(results, args.budget, args.out / "best_so_far.png", f"{Path(args.config).stem}: best-so-far reward")
+    text = f"{header}98% target reward {target:.3f}.\n\n{markdown}\n"
+    (args.out / "results.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

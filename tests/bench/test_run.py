@@ -41,3 +41,9 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     again = _bench(config, out, "--jobs", "2", "--cores-per-job", "1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert {r["seed"]: r["builds"] for r in json.loads((out / "results.json").read_text())[1:]} == trials_before
+    # --report runs nothing and tabulates what the runs hold
+    report = _bench(config, out, "--report")
+    assert report.returncode == 0, report.stdout + report.stderr
+    text = (out / "results.md").read_text()
+    assert "Report of the runs" in text and "Unfinished" not in text
+    assert "| random | 2 |" in text and "| fp32 | 1 |" in text
