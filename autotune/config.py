@@ -205,6 +205,9 @@ class PPOConfig(_Strict):
     reward_shaping: bool = True
     """Pay each layer step the change in the reward its per-layer estimates predict (potential-based shaping:
     the episode's return is unchanged); False: one sparse reward at the end of the episode."""
+    probe_plans: bool = True
+    """Build an orthogonal design of plans first (every layer quantized in half of them; at most a third of the
+    build budget), so the additive model tells every layer's saving and drop apart from the start."""
 
 
 class ConfirmConfig(_Strict):

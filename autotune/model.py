@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -147,18 +149,23 @@ def export_torch(factory: str, inputs: Sequence[InputSpec], out_path: Path, opse
         for spec in inputs
     )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp.onnx")
-    with torch.no_grad():
-        torch.onnx.export(
-            module,
-            examples,
-            str(tmp),
-            input_names=[spec.name for spec in inputs],
-            opset_version=opset,
-            dynamo=False,
-            do_constant_folding=True,
-        )
-    tmp.replace(out_path)
+    # Runs started side by side may export the same cached model at once: each writes its own file.
+    descriptor, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.stem}.", suffix=".onnx")
+    os.close(descriptor)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                module,
+                examples,
+                tmp,
+                input_names=[spec.name for spec in inputs],
+                opset_version=opset,
+                dynamo=False,
+                do_constant_folding=True,
+            )
+        os.replace(tmp, out_path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return out_path
 
 

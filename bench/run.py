@@ -11,6 +11,10 @@ On a machine with many cores, ``--jobs N`` runs N strategy-seed runs at once, ea
 ``--cores-per-job`` physical cores (set the config's ``backend.intra_op_threads`` to match): the first run goes
 alone, so the model export and the calibration cache are made once. Interrupted (Ctrl-C, SIGTERM), every run
 keeps its trials; the same command resumes them all.
+
+``--reevaluate`` measures nothing new in the search: it re-measures every finished run's exported winner on this
+machine, one run after another, on the held-out split with the confirmation protocol. Winners confirmed side by
+side on a busy host (``--jobs``) are thus compared again under one set of conditions.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from autotune import api
 from autotune.config import load_config
+from autotune.plan import Plan
 from autotune.search.reward import meets_budget, reward
 from autotune.store import TrialStore
 from autotune.tune import tune
@@ -85,6 +91,8 @@ def run_one(
         "confirmed_winner": summary["winner"],
         "finished": finished,
         "wall_s": wall_s,
+        # Survives interruptions, unlike wall time: what the run paid to build and measure its trials.
+        "trial_s": sum(t.total_s or 0.0 for t in trials),
         "cpus": sorted(os.sched_getaffinity(0)),
     }
 
@@ -112,8 +120,8 @@ def table(results: list[dict], budget: int) -> tuple[str, float]:
     target = best_any - 0.02 * abs(best_any)
     lines = [
         "| strategy | seeds | best reward | confirmed speedup | confirmed drop | search: best speedup in budget "
-        "| builds to 98% of best | builds | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| builds to 98% of best | builds | trial s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy in dict.fromkeys(r["strategy"] for r in results):
         rows = [r for r in results if r["strategy"] == strategy]
@@ -127,7 +135,7 @@ def table(results: list[dict], budget: int) -> tuple[str, float]:
             f"| {_cell([(r['confirmed_winner'] or {}).get('accuracy_drop') for r in rows], '.4f')} "
             f"| {_cell([r['search_best_within_budget']['speedup'] for r in rows], '.2f')} "
             f"| {reach_text} | {_cell([float(r['builds']) for r in rows], '.0f')} "
-            f"| {_cell([r['wall_s'] for r in rows], '.0f')} |"
+            f"| {_cell([r.get('trial_s') for r in rows], '.0f')} | {_cell([r['wall_s'] for r in rows], '.0f')} |"
         )
     return "\n".join(lines), target
 
@@ -176,6 +184,14 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return ", " + line.split(":", 1)[1].strip()
     return ""
+
+
+def _here() -> str:
+    """Today and this machine, for a results header (the closing parenthesis is the caller's)."""
+    return (
+        f"{time.strftime('%Y-%m-%d')} on {platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs"
+        f"{_cpu_model()}, Python {platform.python_version()}"
+    )
 
 
 def _siblings(cpu: int) -> str:
@@ -270,6 +286,65 @@ def run_parallel(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[
     return [results[run] for run in runs]
 
 
+def reevaluate(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[dict]:
+    """Re-measures each finished run's exported winner here, one after another (see the module docstring).
+
+    The ``int8`` strategy's winner is FP32 whenever all-INT8 misses the budget; its row measures all-INT8 itself.
+    """
+    rows = []
+    for strategy, seed in runs:
+        name = f"{strategy}-s{seed}"
+        config = load_config(args.config, [f"name={name}", f"runs_dir={args.out / 'runs'}", *args.set])
+        plan_file = config.run_dir / "best" / "plan.json"
+        if not (config.run_dir / "summary.json").exists() or not plan_file.exists():
+            continue
+        config = config.model_copy(
+            update={"measure": config.measure.model_copy(update=config.confirm.model_dump(exclude={"top_k"}))}
+        )
+        split = "holdout" if config.data.holdout is not None else "evaluation"
+        print(f"[bench] re-evaluating {name} on {split}", flush=True)
+        measured = api.evaluate(config, "int8" if strategy == "int8" else str(plan_file), split=split)
+        plan = Plan.from_dict(measured["plan"])
+        rows.append(
+            {
+                "strategy": strategy,
+                "seed": seed,
+                "plan": measured["plan_summary"],
+                "quantized_layers": sum(p != "fp32" for _, p in plan.precisions),
+                "layers": len(plan.precisions),
+                "knobs": plan.knob_map,
+                "speedup": measured["speedup"],
+                "accuracy_drop": measured["accuracy_drop"],
+                "within_budget": measured["accuracy_drop"] is not None
+                and measured["accuracy_drop"] <= config.accuracy_budget,
+                "error": measured["error"],
+                "split": split,
+            }
+        )
+    return rows
+
+
+def reevaluation_table(rows: list[dict]) -> str:
+    """Markdown: median [min, max] per strategy, then one line per run."""
+    lines = ["| strategy | runs | speedup | accuracy drop | within budget |", "|---|---|---|---|---|"]
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == strategy]
+        within = sum(r["within_budget"] for r in mine)
+        lines.append(
+            f"| {strategy} | {len(mine)} | {_cell([r['speedup'] for r in mine], '.2f')} "
+            f"| {_cell([r['accuracy_drop'] for r in mine], '.4f')} | {within}/{len(mine)} |"
+        )
+    lines += ["", "| run | speedup | accuracy drop | layers not FP32 | knobs |", "|---|---|---|---|---|"]
+    for r in rows:
+        speedup = "failed: " + str(r["error"]) if r["speedup"] is None else f"{r['speedup']:.2f}"
+        drop = "-" if r["accuracy_drop"] is None else f"{r['accuracy_drop']:.4f}"
+        knobs = ", ".join(f"{k}={v}" for k, v in sorted(r["knobs"].items()))
+        lines.append(
+            f"| {r['strategy']}-s{r['seed']} | {speedup} | {drop} | {r['quantized_layers']}/{r['layers']} | {knobs} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     """Runs the benchmark and writes results.json, results.md and best_so_far.png into --out."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,6 +360,11 @@ def main() -> int:
     parser.add_argument(
         "--report", action="store_true", help="run nothing: tabulate the runs in --out as far as they got"
     )
+    parser.add_argument(
+        "--reevaluate",
+        action="store_true",
+        help="measure every finished run's winner again here, one after another (held-out, confirmation protocol)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = [
@@ -293,6 +373,17 @@ def main() -> int:
         for seed in (args.seeds[:1] if strategy in FIXED + DETERMINISTIC else args.seeds)
     ]
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+    if args.reevaluate:
+        rows = reevaluate(args, runs)
+        (args.out / "reevaluated.json").write_text(json.dumps(rows, indent=2, default=str))
+        text = (
+            f"Winners re-measured {_here()}), one after another, "
+            f"{rows[0]['split'] if rows else 'held-out'} split, confirmation protocol: `{command}`\n\n"
+            f"{reevaluation_table(rows)}\n"
+        )
+        (args.out / "reevaluated.md").write_text(text)
+        print(text)
+        return 0
     if args.report:
         found = [run_one(args.config, *run, args.budget, args.out, args.set, report=True) for run in runs]
         results = [r for r in found if r is not None]
@@ -323,8 +414,7 @@ def main() -> int:
             (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     header = (
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.node()} ({platform.machine()}, "
-        f"{os.cpu_count()} CPUs{_cpu_model()}, Python {platform.python_version()}"
+        f"Measured {_here()}"
         f"{f'; {args.jobs} runs at a time, {args.cores_per_job} cores each' if args.jobs > 1 else ''}); "
         f"budget {args.budget} builds.\n\nCommand: `{command}`\n\n"
     )

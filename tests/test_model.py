@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from autotune.model import (
     InputSpec,
     ModelError,
+    export_torch,
     graph_inputs,
     load_onnx,
     name_nodes,
@@ -353,3 +354,26 @@ def test_load_onnx_external_data_truncated(tmp_path):
     with pytest.raises(ModelError) as info:
         load_onnx(path)
     assert str(path) in str(info.value)
+
+
+def test_two_exports_of_the_same_cached_model_at_once_both_succeed(tmp_path, monkeypatch):
+    # bench/run.py --jobs starts runs together, and each exports the shared cached model if it is missing:
+    # here a second export starts and finishes while the first is between writing its file and moving it.
+    import torch
+
+    real_export = torch.onnx.export
+    target = tmp_path / "cache" / "mlp.onnx"
+    inputs = [InputSpec("x", (2, 32), "float32")]
+    interleaved = []
+
+    def export_then_let_another_run_export(*args, **kwargs):
+        real_export(*args, **kwargs)
+        if not interleaved:
+            interleaved.append(True)
+            export_torch("autotune.testing:tiny_torch_mlp", inputs, target)
+
+    monkeypatch.setattr(torch.onnx, "export", export_then_let_another_run_export)
+    assert export_torch("autotune.testing:tiny_torch_mlp", inputs, target) == target
+    assert interleaved
+    assert load_onnx(target).graph.input[0].name == "x"
+    assert [path.name for path in target.parent.iterdir()] == ["mlp.onnx"]  # no temporary file left behind

@@ -191,7 +191,7 @@ def pack(out_dir: str | Path, source: str | Path | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name in PACKED_FILES:
         shutil.copyfile(source / name, out / name)
-    tmp = out / (FP16_WEIGHTS + ".tmp")
+    tmp = out / f"{FP16_WEIGHTS}.{os.getpid()}.tmp"
     save_file(weights, str(tmp), metadata={"format": "pt", "source": "all-MiniLM-L6-v2, FP32 rounded to FP16"})
     tmp.chmod(0o644)  # safetensors writes 0600; the folder is copied to other machines and users
     tmp.replace(out / FP16_WEIGHTS)  # a half-written file must never look like a packed folder

@@ -8,11 +8,25 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.plan import Plan
+from autotune.search.design import probe_plans
 from autotune.search.estimate import Surrogate
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
 LATEST = "latest.zip"
+
+
+def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) -> None:
+    """Saves ``latest.zip`` atomically, and a numbered copy when given ``builds``.
+
+    A crash mid-save leaves the previous ``latest.zip`` in place.
+    """
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    if builds is not None:
+        model.save(checkpoints / f"ppo_{builds}_builds.zip")
+    tmp = checkpoints / ".latest.tmp.zip"
+    model.save(tmp)
+    tmp.replace(checkpoints / LATEST)
 
 
 def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: Path, monitor_builds_start: int) -> Any:
@@ -42,12 +56,7 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
             )
 
         def _save(self, numbered: bool = True) -> None:
-            checkpoints.mkdir(parents=True, exist_ok=True)
-            if numbered:
-                self.model.save(checkpoints / f"ppo_{builds()}_builds.zip")
-            tmp = checkpoints / ".latest.tmp.zip"
-            self.model.save(tmp)
-            tmp.replace(checkpoints / LATEST)
+            save_checkpoint(self.model, checkpoints, builds() if numbered else None)
 
         def _on_step(self) -> bool:
             if not any(self.locals.get("dones", [])):
@@ -79,7 +88,8 @@ def train(
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
-    Real updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes
+    With ``ppo.probe_plans``, an orthogonal design of plans is built first (:mod:`autotune.search.design`). Then
+    real updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes
     scored by the additive model of the trials so far, which cost no build (Dyna): the agent learns which layers
     pay from a few dozen builds, and every plan it builds corrects the model.
 
@@ -142,22 +152,33 @@ def train(
             verbose=0,
         )
     model.set_logger(configure(str(tensorboard_dir), ["csv", "tensorboard"]))
+    if config.ppo.probe_plans:
+        # On a resumed run the store answers the probes already built, at no cost.
+        for plan in probe_plans(space, config.budget.builds // 3):
+            if builds() >= config.budget.builds:
+                break
+            evaluate(plan)
     callback = _make_callback(config, builds, checkpoints, builds())
     # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
     max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
+    rehearsal = -(-config.ppo.imagined_episodes // config.ppo.episodes_per_update) * n_steps
+    fresh = not resume
     try:
-        for update in range(max_updates):
-            model.set_env(real)
-            model.learn(n_steps, callback=callback, reset_num_timesteps=not resume and update == 0, log_interval=1)
-            if builds() >= config.budget.builds or callback.stalled >= config.budget.stall_episodes:
-                break
+        for _ in range(max_updates):
+            # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
             current[0] = surrogate() if surrogate is not None and config.ppo.imagined_episodes else None
             if current[0] is not None:
-                rehearsal = -(-config.ppo.imagined_episodes // config.ppo.episodes_per_update) * n_steps
                 model.set_env(imagined)
-                model.learn(rehearsal, reset_num_timesteps=False, log_interval=1)
+                model.learn(rehearsal, reset_num_timesteps=fresh, log_interval=1)
+                fresh = False
+            model.set_env(real)
+            model.learn(n_steps, callback=callback, reset_num_timesteps=fresh, log_interval=1)
+            fresh = False
+            if builds() >= config.budget.builds or callback.stalled >= config.budget.stall_episodes:
+                break
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
-        callback._save()
+        # (The interrupt may come during a rehearsal, before the callback was ever attached to the model.)
+        save_checkpoint(model, checkpoints, builds())
         raise
     return model

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.config import dump_config
+from autotune.plan import Plan
+from autotune.store import TrialStore
 from autotune.testing import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +37,9 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     assert all(len(r["cpus"]) == 1 for r in children)  # pinned: one core each, not the whole machine
     assert len(results[0]["cpus"]) == len(os.sched_getaffinity(0))  # the first run went alone, unpinned
     assert (out / "parts" / "random-s1.json").exists()
+    with TrialStore(out / "runs" / "random-s1" / "trials.sqlite") as store:
+        paid = sum(trial.total_s for trial in store.trials())
+    assert paid > 0 and children[1]["trial_s"] == pytest.approx(paid)
     assert "2 runs at a time" in (out / "results.md").read_text()
     # a second call finds every run finished and measures nothing again
     trials_before = {r["seed"]: r["builds"] for r in children}
@@ -47,3 +52,13 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     text = (out / "results.md").read_text()
     assert "Report of the runs" in text and "Unfinished" not in text
     assert "| random | 2 |" in text and "| fp32 | 1 |" in text
+    # --reevaluate measures each finished run's exported winner again, here, one after another
+    again = _bench(config, out, "--reevaluate")
+    assert again.returncode == 0, again.stdout + again.stderr
+    rows = json.loads((out / "reevaluated.json").read_text())
+    assert [(r["strategy"], r["seed"]) for r in rows] == [("fp32", 0), ("random", 0), ("random", 1)]
+    for row in rows:
+        exported = json.loads((out / "runs" / f"{row['strategy']}-s{row['seed']}" / "best" / "plan.json").read_text())
+        assert row["plan"] == Plan.from_dict(exported).describe()
+        assert row["speedup"] > 0 and row["error"] is None
+    assert "| random | 2 |" in (out / "reevaluated.md").read_text()

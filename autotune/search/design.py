@@ -1,0 +1,104 @@
+"""The agent's first plans: an orthogonal design that tells every layer's saving and drop apart. Pure.
+
+Per-layer latency savings and accuracy drops are close to additive, so the additive model the agent rehearses on
+(:mod:`autotune.search.estimate`) is only as good as the plans it is fitted from. A handful of random plans leaves
+it underdetermined: ridge spreads their drop over every layer, every layer looks equally risky, and the policy
+backs away from INT8 everywhere before the real builds say which layers are to blame. The rows of a normalised
+Hadamard matrix fix that at the cost of one build per row: every layer is quantized in exactly half of the plans
+and every pair of layers is balanced against each other, so a least-squares fit separates every layer's term,
+with the smallest variance any design of that many plans can give.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autotune.plan import Plan
+from autotune.search.space import SearchSpace
+
+
+def _is_prime(number: int) -> bool:
+    return number >= 2 and all(number % d for d in range(2, int(number**0.5) + 1))
+
+
+def _paley(prime: int) -> np.ndarray:
+    """Paley's construction I: a Hadamard matrix of order ``prime + 1`` for a prime congruent to 3 mod 4."""
+    residues = {(k * k) % prime for k in range(1, prime)}
+    character = np.array([0] + [1 if k in residues else -1 for k in range(1, prime)])
+    jacobsthal = np.array([[character[(j - i) % prime] for j in range(prime)] for i in range(prime)])
+    skew = np.zeros((prime + 1, prime + 1), dtype=int)
+    skew[0, 1:] = 1
+    skew[1:, 0] = -1
+    skew[1:, 1:] = jacobsthal
+    return np.eye(prime + 1, dtype=int) + skew
+
+
+def hadamard(order: int) -> np.ndarray | None:
+    """A normalised Hadamard matrix (first row and column all +1) of ``order``, or None if none is built here.
+
+    Orders built: powers of two (Sylvester) and ``2**k * (p + 1)`` for primes ``p = 3 (mod 4)`` (Paley I,
+    doubled): 1, 2, 4, 8, 12, 16, 20, 24, 32, 40, 44, 48, 60, 64, ... (:func:`design_order` takes the next one up).
+    """
+    doublings = 0
+    core_order = order
+    while core_order % 2 == 0 and core_order > 1:
+        if core_order % 4 == 0 and _is_prime(core_order - 1) and (core_order - 1) % 4 == 3:
+            break
+        core_order //= 2
+        doublings += 1
+    if core_order == 1:
+        matrix = np.ones((1, 1), dtype=int)
+    elif core_order > 2 and _is_prime(core_order - 1) and (core_order - 1) % 4 == 3:
+        matrix = _paley(core_order - 1)
+    else:
+        return None
+    for _ in range(doublings):
+        matrix = np.block([[matrix, matrix], [matrix, -matrix]])
+    matrix = matrix * matrix[:, :1]  # rows scaled so the first column is all +1
+    return matrix * matrix[:1, :]  # and columns so the first row is too
+
+
+def design_order(factors: int) -> int:
+    """The smallest order of :func:`hadamard` with room for ``factors`` columns besides the all-ones one."""
+    order = 1
+    while order < factors + 1 or hadamard(order) is None:
+        order += 1
+    return order
+
+
+def probe_plans(space: SearchSpace, max_plans: int) -> list[Plan]:
+    """The first rows of an orthogonal design over the space's decision groups, as plans.
+
+    Row ``r`` quantizes group ``g`` where the design says +1 (the first row quantizes every group: the all-INT8
+    plan every search starts from anyway). A group takes INT8 where all its layers allow it, otherwise its first
+    precision other than FP32. Knobs stay at their defaults, so every probe's drop is in one setting.
+
+    Args:
+        space: The search space; its groups are the design's factors.
+        max_plans: At most this many plans (the design's first rows: orthogonality needs all of them).
+
+    Returns:
+        Distinct plans, in design order; empty when there is nothing to search.
+    """
+    groups = space.groups
+    if not groups or max_plans <= 0:
+        return []
+    order = design_order(len(groups))
+    matrix = hadamard(order)
+    assert matrix is not None  # design_order returns only orders hadamard builds
+    lowered = []
+    for group in groups:
+        options = [p for p in space.group_choices(group) if p != "fp32"]
+        lowered.append("int8" if "int8" in options else options[0])
+    plans: list[Plan] = []
+    for row in matrix[:max_plans]:
+        precisions = {
+            space.layer_names[index]: lowered[column]
+            for column, group in enumerate(groups)
+            if row[column + 1] > 0
+            for index in group
+        }
+        plan = space.plan(precisions)
+        if plan not in plans:
+            plans.append(plan)
+    return plans

@@ -1,0 +1,50 @@
+"""bench/replay.py: the agent against a simulator fitted from a store of real trials."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from autotune.config import dump_config
+from autotune.store import TrialStore
+from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_replay_trains_the_agent_on_a_simulator_of_the_stored_trials(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_config(tmp_path, budget={"builds": 14})))
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    rng = np.random.default_rng(0)
+    store_path = tmp_path / "old-run" / "trials.sqlite"
+    store_path.parent.mkdir()
+    with TrialStore(store_path) as store:
+        for _ in range(30):
+            store.put(evaluate(space.plan({n: "int8" for n in space.layer_names if rng.random() < 0.5})))
+    command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(store_path)]
+    command += ["--set", "ppo.episodes_per_update=2", "--set", "ppo.imagined_episodes=4", "--seeds", "0", "1"]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("simulator fitted on")
+    results = [ast.literal_eval(line) for line in lines[1:]]
+    assert [r["seed"] for r in results] == [0, 1]
+    for result in results:
+        assert result["builds"] == 14  # the budget, counted as real runs count it
+        assert result["best_speedup_within_budget"] > 1.0
+        assert len(result["quantized_per_10_builds"]) == 2
+
+
+def test_replay_names_the_fix_when_the_stores_hold_too_few_trials(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_config(tmp_path)))
+    command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(tmp_path / "none*")]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
+    assert done.returncode != 0 and "too few successful trials" in done.stderr

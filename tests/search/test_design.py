@@ -1,0 +1,110 @@
+"""Tests for autotune.search.design: the orthogonal first plans of the agent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotune.backends.base import Capabilities
+from autotune.model import Layer
+from autotune.search.design import design_order, hadamard, probe_plans
+from autotune.search.estimate import fit_additive
+from autotune.search.space import SearchSpace
+from autotune.testing import synthetic_evaluator, tiny_space
+
+
+def _wide_space(layers: int, group_size: int = 1) -> SearchSpace:
+    table = tuple(
+        Layer(f"mm{i}", "MatMul", i, (f"x{i}",), f"w{i}", 1, None, f"y{i}", ((8, 8),), (8, 8), 512, 64, i)
+        for i in range(layers)
+    )
+    choices = tuple(("fp32",) if i == 5 else ("fp32", "int8") for i in range(layers))
+    return SearchSpace(table, choices, (), group_size)
+
+
+def _quantized(plans, space):
+    return np.array([[p.precision_map[name] != "fp32" for name in space.layer_names] for p in plans], dtype=float)
+
+
+@pytest.mark.parametrize("order", [1, 2, 4, 8, 12, 20, 24, 40, 44, 64, 88])
+def test_hadamard_is_orthogonal_and_normalised(order):
+    matrix = hadamard(order)
+    assert matrix is not None and matrix.shape == (order, order)
+    assert np.array_equal(matrix @ matrix.T, order * np.eye(order, dtype=int))
+    assert (matrix[0] == 1).all() and (matrix[:, 0] == 1).all()
+
+
+@pytest.mark.parametrize("order", [3, 6, 28, 36, 52])
+def test_orders_without_a_construction_give_none(order):
+    assert hadamard(order) is None
+
+
+def test_design_order_leaves_a_column_per_factor():
+    assert design_order(3) == 4
+    assert design_order(4) == 8  # the all-ones column is not a factor
+    assert design_order(36) == 40  # 36 (no construction here) is skipped
+
+
+def test_probes_quantize_every_layer_in_half_of_them_and_balance_every_pair():
+    space = _wide_space(36)
+    plans = probe_plans(space, max_plans=100)
+    assert len(plans) == 40
+    assert plans[0] == space.uniform("int8")
+    signs = 2 * _quantized(plans, space) - 1
+    searched = [i for i in range(36) if i != 5]
+    assert (_quantized(plans, space)[:, 5] == 0).all()  # a layer that allows only FP32 stays FP32
+    columns = signs[:, searched]
+    assert np.array_equal(columns.sum(axis=0), np.zeros(len(searched)))
+    assert np.array_equal(columns.T @ columns, 40 * np.eye(len(searched)))
+    assert all(not space.violations(plan) for plan in plans)
+
+
+def test_an_additive_fit_on_the_probes_recovers_every_layers_drop():
+    space = _wide_space(36)
+    evaluate = synthetic_evaluator(space, seed=3)
+    results = [evaluate(plan) for plan in probe_plans(space, max_plans=100)]
+    truth = np.array([evaluate(space.plan({name: "int8"})).accuracy_drop for name in space.layer_names])
+    fitted = fit_additive(space.layer_names, results, ridge=1e-9)
+    assert fitted is not None
+    searched = [i for i in range(36) if i != 5]
+    np.testing.assert_allclose(fitted.drop[searched], truth[searched], rtol=1e-6, atol=1e-9)
+
+
+def test_probes_respect_the_cap_and_move_groups_together():
+    space = _wide_space(12, group_size=3)
+    plans = probe_plans(space, max_plans=3)
+    assert len(plans) == 3
+    quantized = _quantized(plans, space)
+    for group in space.groups:
+        assert (quantized[:, list(group)] == quantized[:, [group[0]]]).all()
+    assert probe_plans(space, max_plans=0) == []
+
+
+def test_probes_take_the_backends_lower_precision_where_int8_is_not_offered():
+    space = tiny_space(Capabilities(precisions={"MatMul": ("fp32", "fp16"), "Gemm": ("fp32", "fp16")}))
+    plans = probe_plans(space, max_plans=10)
+    assert plans[0] == space.uniform("fp16")
+    assert {p for plan in plans for _, p in plan.precisions} == {"fp32", "fp16"}
+
+
+@pytest.mark.parametrize("probes", [True, False])
+def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path, probes):
+    from autotune.search.ppo import train
+    from autotune.testing import tiny_config
+
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    built = []
+
+    def real(plan):
+        built.append(plan)
+        return evaluate(plan)
+
+    config = tiny_config(
+        tmp_path, budget={"builds": 18}, ppo={"episodes_per_update": 2, "imagined_episodes": 0, "probe_plans": probes}
+    )
+    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
+    expected = probe_plans(space, max_plans=18 // 3)
+    assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
+    assert (built[: len(expected)] == expected) is probes
+    assert len(built) == 18
