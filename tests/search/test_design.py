@@ -85,26 +85,3 @@ def test_probes_take_the_backends_lower_precision_where_int8_is_not_offered():
     plans = probe_plans(space, max_plans=10)
     assert plans[0] == space.uniform("fp16")
     assert {p for plan in plans for _, p in plan.precisions} == {"fp32", "fp16"}
-
-
-@pytest.mark.parametrize("probes", [True, False])
-def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path, probes):
-    from autotune.search.ppo import train
-    from autotune.testing import tiny_config
-
-    space = tiny_space()
-    evaluate = synthetic_evaluator(space)
-    built = []
-
-    def real(plan):
-        built.append(plan)
-        return evaluate(plan)
-
-    config = tiny_config(
-        tmp_path, budget={"builds": 18}, ppo={"episodes_per_update": 2, "imagined_episodes": 0, "probe_plans": probes}
-    )
-    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
-    expected = probe_plans(space, max_plans=18 // 3)
-    assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
-    assert (built[: len(expected)] == expected) is probes
-    assert len(built) == 18

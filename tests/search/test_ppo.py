@@ -1,11 +1,38 @@
-"""Tests for autotune.search.ppo beyond the end-to-end runs: interrupts at awkward moments."""
+"""Tests for autotune.search.ppo beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
 
 from __future__ import annotations
 
 import pytest
 
+from autotune.search.design import probe_plans
 from autotune.search.ppo import LATEST, train
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
+
+
+def _recording_evaluator(space):
+    """The synthetic evaluator, keeping every plan it was asked to build, in order."""
+    evaluate = synthetic_evaluator(space)
+    built = []
+
+    def real(plan):
+        built.append(plan)
+        return evaluate(plan)
+
+    return real, built
+
+
+@pytest.mark.parametrize("probes", [True, False])
+def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path, probes):
+    space = tiny_space()
+    real, built = _recording_evaluator(space)
+    config = tiny_config(
+        tmp_path, budget={"builds": 18}, ppo={"episodes_per_update": 2, "imagined_episodes": 0, "probe_plans": probes}
+    )
+    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
+    expected = probe_plans(space, max_plans=18 // 3)
+    assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
+    assert (built[: len(expected)] == expected) is probes
+    assert len(built) == 18
 
 
 class _InterruptedRehearsal:
@@ -18,13 +45,7 @@ class _InterruptedRehearsal:
 def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
     # With probe plans the agent rehearses before its first real update, when no callback has seen the model yet.
     space = tiny_space()
-    evaluate = synthetic_evaluator(space)
-    built = []
-
-    def real(plan):
-        built.append(plan)
-        return evaluate(plan)
-
+    real, built = _recording_evaluator(space)
     config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 2, "imagined_episodes": 4})
     with pytest.raises(KeyboardInterrupt):
         train(
