@@ -33,7 +33,9 @@ def test_replay_trains_the_agent_on_a_simulator_of_the_stored_trials(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("simulator fitted on")
-    results = [ast.literal_eval(line) for line in lines[1:]]
+    optimum = float(lines[1].split(": ")[1].split("x")[0])
+    assert lines[1].startswith("simulator's best plan within the search budget") and optimum > 1.0
+    results = [ast.literal_eval(line) for line in lines[2:]]
     assert [r["seed"] for r in results] == [0, 1]
     for result in results:
         assert result["builds"] == 14  # the budget, counted as real runs count it
