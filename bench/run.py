@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from autotune import api
-from autotune.config import load_config
+from autotune.config import TuneConfig, load_config
 from autotune.plan import Plan
 from autotune.search.reward import meets_budget, reward
 from autotune.store import TrialStore
@@ -48,6 +48,14 @@ def best_so_far(rewards: list[float]) -> list[float]:
     return list(np.maximum.accumulate(rewards)) if rewards else []
 
 
+def run_config(config_path: str, strategy: str, seed: int, budget: int, out: Path, overrides: list[str]) -> TuneConfig:
+    """The config of one strategy-seed run of the benchmark: its own run directory under ``out/runs``."""
+    return load_config(
+        config_path,
+        [f"budget.builds={budget}", f"seed={seed}", f"name={strategy}-s{seed}", f"runs_dir={out / 'runs'}", *overrides],
+    )
+
+
 def run_one(
     config_path: str, strategy: str, seed: int, budget: int, out: Path, overrides: list[str], report: bool = False
 ) -> dict | None:
@@ -56,10 +64,7 @@ def run_one(
     With ``report``, nothing runs: an unfinished run is reported as far as it got (no confirmed winner yet), and a
     run that never started gives None.
     """
-    name = f"{strategy}-s{seed}"
-    config = load_config(
-        config_path, [f"budget.builds={budget}", f"seed={seed}", f"name={name}", f"runs_dir={out / 'runs'}", *overrides]
-    )
+    config = run_config(config_path, strategy, seed, budget, out, overrides)
     run_dir = config.run_dir
     started = time.time()
     if report and not (run_dir / "trials.sqlite").exists():
@@ -289,12 +294,13 @@ def run_parallel(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[
 def reevaluate(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[dict]:
     """Re-measures each finished run's exported winner here, one after another (see the module docstring).
 
-    The ``int8`` strategy's winner is FP32 whenever all-INT8 misses the budget; its row measures all-INT8 itself.
+    A fixed reference (``int8``, ``fp16``) exports FP32 whenever its uniform plan misses the budget; its row
+    measures the uniform plan itself.
     """
     rows = []
     for strategy, seed in runs:
         name = f"{strategy}-s{seed}"
-        config = load_config(args.config, [f"name={name}", f"runs_dir={args.out / 'runs'}", *args.set])
+        config = run_config(args.config, strategy, seed, args.budget, args.out, args.set)
         plan_file = config.run_dir / "best" / "plan.json"
         if not (config.run_dir / "summary.json").exists() or not plan_file.exists():
             continue
@@ -303,7 +309,7 @@ def reevaluate(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[di
         )
         split = "holdout" if config.data.holdout is not None else "evaluation"
         print(f"[bench] re-evaluating {name} on {split}", flush=True)
-        measured = api.evaluate(config, "int8" if strategy == "int8" else str(plan_file), split=split)
+        measured = api.evaluate(config, strategy if strategy in FIXED else str(plan_file), split=split)
         plan = Plan.from_dict(measured["plan"])
         rows.append(
             {
