@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
-CALIBRATION_METHODS = ("max", "percentile", "entropy")
+CALIBRATION_METHODS = ("layerwise", "max", "percentile", "entropy")
 WEIGHT_GRANULARITIES = ("per_channel", "per_tensor")
 
 
@@ -119,7 +119,10 @@ class SearchSpaceConfig(_Strict):
     exclude_layers: str | None = None
     """Regex: keep matching layers in FP32."""
     op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] | None = None
-    calibration_methods: list[Literal["max", "percentile", "entropy"]] = ["max", "percentile", "entropy"]
+    calibration_methods: list[Literal["layerwise", "max", "percentile", "entropy"]] = list(CALIBRATION_METHODS)
+    """Values of the ``calibration`` knob, the first being its default: ``max``, ``percentile`` or ``entropy``
+    ranges for every layer, or ``layerwise``: per layer, whichever of the three hurts the output least when that
+    layer alone is INT8 (chosen once on the calibration data; see ``autotune.quant.layerwise``)."""
     weight_granularity: list[Literal["per_channel", "per_tensor"]] = ["per_channel", "per_tensor"]
     knobs: dict[str, list[KnobValue]] = Field(default_factory=dict)
     """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""
@@ -208,6 +211,9 @@ class PPOConfig(_Strict):
     probe_plans: bool = True
     """Build an orthogonal design of plans first (every layer quantized in half of them; at most a third of the
     build budget), so the additive model tells every layer's saving and drop apart from the start."""
+    build_model_plan: bool = True
+    """After every rehearsal, also build the plan the additive model of the trials rates fastest within the search
+    budget (a local search on the model; Dyna's planning step), outside PPO's rollouts."""
 
 
 class ConfirmConfig(_Strict):

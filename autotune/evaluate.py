@@ -30,7 +30,8 @@ from autotune.measure import Protocol, interleaved
 from autotune.metrics import fidelity, score
 from autotune.model import InputSpec, LoadedModel, export_torch, load_onnx, prepare_model
 from autotune.plan import Plan
-from autotune.quant.calibrate import Calibration, CalibrationSettings, calibrate
+from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, calibrate
+from autotune.quant.layerwise import LAYERWISE, SMOOTHING, LayerwiseChoices, choose_layer_methods
 from autotune.quant.rewrite import required_ranges, rewrite
 from autotune.search.space import CALIBRATION_KNOB, SearchSpace, build_space
 from autotune.store import TrialStore
@@ -130,6 +131,8 @@ class TrialRunner:
                 f"replace the operator it names, or choose another backend"
             ) from error
         self.calibration = self._calibrate(calibration_data)
+        self.layerwise = self._choose_layer_methods(calibration_data)
+        self.use_layerwise(self.layerwise)
         self.reference_outputs = {split: self._outputs(self.reference, data) for split, data in self.datasets.items()}
         self.reference_accuracy: dict[str, float] = {}
         for split in self.datasets:
@@ -163,6 +166,53 @@ class TrialRunner:
         except ValueError as error:
             raise SetupError(f"calibration failed: {error}") from error
 
+    def _choose_layer_methods(self, data: Dataset) -> LayerwiseChoices | None:
+        """Per-layer range methods, when the search may use ``layerwise`` calibration."""
+        offered = next((knob.values for knob in self.space.knobs if knob.name == CALIBRATION_KNOB), ())
+        if LAYERWISE not in offered:
+            return None
+        layers = [
+            layer for layer, options in zip(self.space.layers, self.space.choices, strict=True) if "int8" in options
+        ]
+        try:
+            return choose_layer_methods(
+                self.model.proto,
+                layers,
+                self.backend.recipe,
+                self.calibration,
+                data.batches,
+                self.output_index,
+                self.config.cache_dir / "calibration",
+                self.model.hash,
+                # Plan-native backends rewrite their own modules: only range methods carry over to them.
+                METHODS if self.backend.builds_from_plan else (*METHODS, *SMOOTHING),
+            )
+        except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
+            raise SetupError(
+                f"layerwise calibration failed: {error}; leave 'layerwise' out of "
+                f"search.calibration_methods to calibrate every layer alike"
+            ) from error
+
+    def use_layerwise(self, choices: LayerwiseChoices | None) -> None:
+        """Sets the per-layer recipes that plans with ``calibration=layerwise`` are built with."""
+        self.layerwise = choices
+        self._smoothing = choices.smoothing(self.model.proto, self.model.layers) if choices else {}
+        self._layer_ranges = (
+            choices.layer_ranges(self.calibration, self._smoothing, self.model.layers) if choices else {}
+        )
+
+    def _ranges(self, plan: Plan) -> tuple[dict[str, tuple[float, float]], dict[str, dict[str, tuple[float, float]]]]:
+        """Ranges for the plan's calibration method, and per-layer ranges that replace them (``layerwise``).
+
+        With ``layerwise``, the smoothed layers also need ``self._smoothing``.
+        """
+        method = str(plan.knob(CALIBRATION_KNOB, "max"))
+        if method == LAYERWISE:
+            if self.layerwise is None:
+                raise BuildError("calibration=layerwise is not offered by this run's search.calibration_methods")
+            return self.calibration.ranges("max"), self._layer_ranges
+        return self.calibration.ranges(method), {}
+
     def _outputs(self, artifact: Any, data: Dataset) -> list:
         return [self.backend.run(artifact, batch)[self.output_index] for batch in data.batches]
 
@@ -172,14 +222,15 @@ class TrialRunner:
 
     def typed_model(self, plan: Plan) -> onnx.ModelProto:
         """The explicitly typed ONNX model of a plan."""
-        ranges = self.calibration.ranges(str(plan.knob(CALIBRATION_KNOB, "max")))
-        return rewrite(self.model.proto, self.model.layers, plan, ranges, self.backend.recipe)
+        ranges, layer_ranges = self._ranges(plan)
+        smoothing = self._smoothing if layer_ranges else None
+        return rewrite(self.model.proto, self.model.layers, plan, ranges, self.backend.recipe, layer_ranges, smoothing)
 
     def build(self, plan: Plan, workdir: Path) -> Any:
         """The backend's artifact of a plan: from the plan itself, or from its typed ONNX model."""
         if self.backend.builds_from_plan:
-            ranges = self.calibration.ranges(str(plan.knob(CALIBRATION_KNOB, "max")))
-            return self.backend.build_plan(plan, self.model.layers, ranges, workdir)
+            ranges, layer_ranges = self._ranges(plan)
+            return self.backend.build_plan(plan, self.model.layers, ranges, workdir, layer_ranges)
         return self.backend.build(self.typed_model(plan), plan.knob_map, workdir)
 
     def run(self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None) -> TrialResult:

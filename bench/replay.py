@@ -27,6 +27,7 @@ import numpy as np
 
 from autotune.api import analyze
 from autotune.config import load_config
+from autotune.search.design import model_best_plan
 from autotune.search.estimate import dominant_setting, fit_additive, fit_surrogate
 from autotune.search.ppo import train
 from autotune.store import TrialStore
@@ -78,35 +79,6 @@ def replay(config_path: str, overrides: list[str], truth, space, seed: int, nois
     }
 
 
-def best_plan_within(truth, space, budget: float, iterations: int = 1500, seed: int = 0) -> tuple[float, int]:
-    """The simulator's fastest plan with default knobs within ``budget``, by a randomised local search.
-
-    Each step drops a few quantized layers and refills greedily in random order.
-
-    Returns:
-        The plan's speedup and its number of quantized layers.
-    """
-    rng = np.random.default_rng(seed)
-    searchable = [space.layer_names[i] for i in space.searchable]
-
-    def predict(chosen: set[str]) -> tuple[float, float]:
-        return truth.predict(space.plan({name: "int8" for name in chosen}))
-
-    best_speedup, best = 0.0, set()
-    for _ in range(iterations):
-        chosen = set(best)
-        if chosen:
-            for name in rng.choice(sorted(chosen), size=min(len(chosen), int(rng.integers(1, 4))), replace=False):
-                chosen.discard(name)
-        for name in rng.permutation(searchable):
-            if name not in chosen and predict(chosen | {name})[1] <= budget:
-                chosen.add(name)
-        speedup = predict(chosen)[0]
-        if speedup > best_speedup:
-            best_speedup, best = speedup, chosen
-    return best_speedup, len(best)
-
-
 def main() -> int:
     """Fits the simulator and replays each seed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,7 +100,8 @@ def main() -> int:
     if truth is None:
         raise SystemExit(f"{args.stores}: too few successful trials to fit a simulator")
     print(f"simulator fitted on {len(real)} trials; variant {args.set or 'defaults'}; noise {args.noise}", flush=True)
-    optimum, layers = best_plan_within(truth, space, config.search_budget)
+    best = model_best_plan(truth, space, config.search_budget, iterations=1500)
+    optimum, layers = truth.predict(best)[0], sum(p != "fp32" for _, p in best.precisions)
     print(f"simulator's best plan within the search budget: {optimum:.3f}x ({layers} layers quantized)", flush=True)
     for seed in args.seeds:
         print(replay(args.config, args.set, truth, space, seed, args.noise), flush=True)

@@ -121,7 +121,12 @@ class Backend(ABC):
         return None
 
     def build_plan(
-        self, plan: Plan, layers: Sequence[Layer], ranges: Mapping[str, tuple[float, float]], workdir: Path
+        self,
+        plan: Plan,
+        layers: Sequence[Layer],
+        ranges: Mapping[str, tuple[float, float]],
+        workdir: Path,
+        layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
     ) -> Any:
         """Plan-native backends: builds a runnable artifact straight from a plan.
 
@@ -130,6 +135,7 @@ class Backend(ABC):
             layers: The layer table (``bind`` saw the same).
             ranges: Calibrated ``(lo, hi)`` per ONNX tensor name, by the plan's calibration method.
             workdir: Where the build may keep files.
+            layer_ranges: Per layer, ranges that replace ``ranges`` for it (``layerwise`` calibration).
 
         Raises:
             BuildError: The plan cannot be built.

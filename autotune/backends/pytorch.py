@@ -509,12 +509,16 @@ def activation_scale(lo: float, hi: float, precision: str) -> float:
 
 
 def module_choices(
-    plan: Plan, layers: Sequence[Layer], bindings: Mapping[str, str], ranges: Mapping[str, tuple[float, float]]
+    plan: Plan,
+    layers: Sequence[Layer],
+    bindings: Mapping[str, str],
+    ranges: Mapping[str, tuple[float, float]],
+    layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
 ) -> dict[str, ModuleChoice]:
     """Module path -> what it runs in, for the modules a plan takes out of FP32. Pure.
 
     A module called from several places (several ONNX layers) needs one precision; its activation range is the
-    union of the calls' ranges.
+    union of the calls' ranges. ``layer_ranges`` replaces ``ranges`` for the layers it names.
 
     Raises:
         BuildError: A non-FP32 layer has no module, a shared module gets two precisions, or a range is missing.
@@ -542,9 +546,10 @@ def module_choices(
             found = []
             for layer in group:
                 tensor = layer.activation_inputs[0]
-                if tensor not in ranges:
+                own = (layer_ranges or {}).get(layer.name, ranges)
+                if tensor not in own:
                     raise BuildError(f"no calibrated range for {tensor!r}, the input of {layer.name}")
-                found.append(ranges[tensor])
+                found.append(own[tensor])
             span = (min(float(lo) for lo, _ in found), max(float(hi) for _, hi in found))
         choices[path] = ModuleChoice(precision, span)
     return choices
@@ -1110,7 +1115,12 @@ class TorchBackend(Backend):
         raise BuildError("the torch backend builds plans, not ONNX models: use build_plan")
 
     def build_plan(
-        self, plan: Plan, layers: Sequence[Layer], ranges: Mapping[str, tuple[float, float]], workdir: Path
+        self,
+        plan: Plan,
+        layers: Sequence[Layer],
+        ranges: Mapping[str, tuple[float, float]],
+        workdir: Path,
+        layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
     ) -> TorchArtifact:
         """Rewrites the module, moves it to the device, compiles it, warms it up and captures a CUDA graph.
 
@@ -1120,7 +1130,7 @@ class TorchBackend(Backend):
         if self._fp32 is None or not self._inputs:
             raise BuildError("the torch backend builds only after bind(model, searched)")
         knobs = self.knob_values(plan.knob_map)
-        choices = module_choices(plan, layers, self._bindings, ranges)
+        choices = module_choices(plan, layers, self._bindings, ranges, layer_ranges)
         per_channel = plan.knob(GRANULARITY_KNOB, "per_channel") == "per_channel"
         self._release_memory()
         try:

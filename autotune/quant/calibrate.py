@@ -378,7 +378,7 @@ def _elem_types(model: onnx.ModelProto, wanted: Iterable[str]) -> dict[str, int]
     return {name: declared.get(name, onnx.TensorProto.FLOAT) for name in wanted}
 
 
-def _session_with_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> ort.InferenceSession:
+def session_with_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> ort.InferenceSession:
     """A CPU session of a copy of ``model`` that also returns the intermediate tensors ``outputs``."""
     extended = onnx.ModelProto()
     extended.CopyFrom(model)
@@ -434,7 +434,7 @@ def collect_statistics(
     fetch = [name for name in names if name not in fed and name not in constants]
 
     stats = {name: TensorStats.empty(num_bins) for name in names}
-    session = _session_with_outputs(model, fetch) if fetch else None
+    session = session_with_outputs(model, fetch) if fetch else None
     required = [value.name for value in session.get_inputs()] if session else sorted(fed)
     seen = 0
     for index, batch in enumerate(batches):
@@ -485,14 +485,27 @@ def _cache_path(
     return cache_dir / f"calibration-{model_hash[:16]}-{data_key}-{key_hash}.json"
 
 
-def _load_cache(path: Path, tensors: Sequence[str]) -> dict[str, TensorStats] | None:
-    """The cached statistics, or None when the file is missing, corrupt or for other tensors."""
+def read_cache(path: Path, version: int) -> dict[str, Any] | None:
+    """A cache file's JSON object, or None when there is no file.
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: It is not JSON, or not of format ``version``.
+    """
     if not path.is_file():
         return None
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("format") != version:
+        raise ValueError(f"cache format {data.get('format') if isinstance(data, dict) else None!r}, expected {version}")
+    return data
+
+
+def _load_cache(path: Path, tensors: Sequence[str]) -> dict[str, TensorStats] | None:
+    """The cached statistics, or None when the file is missing, corrupt or for other tensors."""
     try:
-        data = json.loads(path.read_text())
-        if data.get("format") != _CACHE_FORMAT:
-            raise ValueError(f"cache format {data.get('format')!r}, expected {_CACHE_FORMAT}")
+        data = read_cache(path, _CACHE_FORMAT)
+        if data is None:
+            return None
         stats = {name: TensorStats.from_dict(value) for name, value in data["stats"].items()}
         if set(stats) != set(tensors):
             raise ValueError("cached tensors differ from the requested ones")
@@ -502,18 +515,23 @@ def _load_cache(path: Path, tensors: Sequence[str]) -> dict[str, TensorStats] | 
     return {name: stats[name] for name in dict.fromkeys(tensors)}
 
 
-def _write_cache(path: Path, stats: Mapping[str, TensorStats]) -> None:
-    """Writes the cache atomically, so a crash or a concurrent reader never sees half a file."""
+def atomic_write_text(path: Path, text: str) -> None:
+    """Writes a file atomically, so a crash or a concurrent reader never sees half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps({"format": _CACHE_FORMAT, "stats": {name: s.to_dict() for name, s in stats.items()}})
     handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w") as file:
-            file.write(payload)
+            file.write(text)
         os.replace(temp_name, path)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+
+
+def _write_cache(path: Path, stats: Mapping[str, TensorStats]) -> None:
+    atomic_write_text(
+        path, json.dumps({"format": _CACHE_FORMAT, "stats": {name: s.to_dict() for name, s in stats.items()}})
+    )
 
 
 def calibrate(

@@ -142,6 +142,21 @@ def _output_target(
     return None, output
 
 
+def smoothable(layer: Layer) -> bool:
+    """SmoothQuant applies: a MatMul whose constant 2-D weight has one row per channel of the input's last axis."""
+    return layer.op_type == "MatMul" and layer.weight is not None and layer.weight_axis in (1, -1)
+
+
+def smooth_weight(w: np.ndarray, factors: np.ndarray, layer: Layer) -> np.ndarray:
+    """``diag(factors) @ w``: the weight of a smoothed layer, or RewriteError when the shapes do not fit."""
+    if not smoothable(layer) or w.ndim != 2 or factors.shape != (w.shape[0],):
+        raise RewriteError(
+            f"layer {layer.name!r}: smoothing needs a MatMul with a 2-D weight and one factor per input channel "
+            f"(weight {list(w.shape)}, {factors.size} factors)"
+        )
+    return (w * factors[:, None].astype(w.dtype)).astype(w.dtype)
+
+
 def required_ranges(layers: Sequence[Layer], recipe: QuantRecipe, model: onnx.ModelProto) -> list[str]:
     """Every tensor whose calibrated range ``rewrite`` may need when the layers run in int8 (or fp8).
 
@@ -172,10 +187,14 @@ class _Rewriter:
         ranges: Mapping[str, tuple[float, float]],
         recipe: QuantRecipe,
         per_channel: bool,
+        layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+        smoothing: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self.model = model
+        self.smoothing = smoothing or {}
         self.graph = model.graph
         self.ranges = ranges
+        self.layer_ranges = layer_ranges or {}
         self.recipe = recipe
         self.per_channel = per_channel
         self.inits = {init.name: init for init in self.graph.initializer}
@@ -216,13 +235,14 @@ class _Rewriter:
         return numpy_helper.to_array(init)
 
     def range_of(self, tensor: str, layer: Layer) -> tuple[float, float]:
-        """The calibrated range of ``tensor``, or RewriteError saying calibration must cover it."""
-        if tensor not in self.ranges:
+        """The calibrated range of ``tensor`` for ``layer``, or RewriteError saying calibration must cover it."""
+        ranges = self.layer_ranges.get(layer.name, self.ranges)
+        if tensor not in ranges:
             raise RewriteError(
                 f"layer {layer.name!r}: no calibrated range for tensor {tensor!r}; calibration must cover it "
                 f"(collect every tensor listed by required_ranges())"
             )
-        lo, hi = self.ranges[tensor]
+        lo, hi = ranges[tensor]
         return float(lo), float(hi)
 
     # ----- graph edits ------------------------------------------------------------------------------------
@@ -267,7 +287,19 @@ class _Rewriter:
     # ----- int8 / fp8 pieces ------------------------------------------------------------------------------
 
     def activation_qdq(self, index: int, layer: Layer, tensor: str, fp8: bool = False) -> np.float32:
-        """Puts a Q/DQ pair dedicated to this layer on one activation input; returns the activation scale."""
+        """Puts a Q/DQ pair dedicated to this layer on one activation input; returns the activation scale.
+
+        A smoothed layer (SmoothQuant) first divides the input by its per-channel factors, in a dedicated Mul; the
+        layer's range for ``tensor`` is then the range of the divided tensor.
+        """
+        source = tensor
+        factors = self.smoothing.get(layer.name) if tensor == layer.activation_inputs[0] else None
+        if factors is not None:
+            inverse = self.add_init(f"{tensor}__smooth__{layer.name}", (1.0 / factors).astype(np.float32))
+            source = self.fresh(f"{tensor}__smoothed__{layer.name}")
+            self.before[index].append(
+                helper.make_node("Mul", [tensor, inverse], [source], self.fresh(f"{layer.name}__smooth"))
+            )
         lo, hi = self.range_of(tensor, layer)
         if fp8:
             scale = fp8_activation_scale(lo, hi)
@@ -277,15 +309,21 @@ class _Rewriter:
         scale_name = self.add_init(f"{tensor}__scale__{layer.name}", np.array(scale, dtype=np.float32))
         zero_name = self.add_init(f"{tensor}__zp__{layer.name}", np.array(zero))
         dst = self.fresh(f"{tensor}__dq__{layer.name}")
-        self.qdq(self.before[index], tensor, dst, scale_name, zero_name, layer.name)
+        self.qdq(self.before[index], source, dst, scale_name, zero_name, layer.name)
         self.redirect(self.graph.node[index], tensor, dst)
         return scale
 
     def quantized_weight(self, layer: Layer, fp8: bool) -> tuple[str, str, str, np.ndarray, int | None]:
-        """The quantized weight initializers ``(q, scale, zero, scales, axis)``, shared across layers."""
-        key = ("fp8" if fp8 else "int8", layer.weight, self.per_channel)
+        """The quantized weight initializers ``(q, scale, zero, scales, axis)``, shared across layers.
+
+        A smoothed layer's weight is its own: its input-channel rows are multiplied by the smoothing factors.
+        """
+        factors = self.smoothing.get(layer.name)
+        key = ("fp8" if fp8 else "int8", layer.weight, self.per_channel, layer.name if factors is not None else None)
         if key not in self.cache:
             w = self.float_init(layer.weight, layer)
+            if factors is not None:
+                w = smooth_weight(w, factors, layer)
             per_channel = self.per_channel and w.ndim > 0 and layer.weight_axis is not None
             axis = int(layer.weight_axis) % w.ndim if per_channel else None
             if fp8:
@@ -483,6 +521,8 @@ def rewrite(
     plan: Plan,
     ranges: Mapping[str, tuple[float, float]],
     recipe: QuantRecipe,
+    layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+    smoothing: Mapping[str, np.ndarray] | None = None,
 ) -> onnx.ModelProto:
     """Writes the plan's per-layer precisions into a new, explicitly typed model.
 
@@ -493,6 +533,11 @@ def rewrite(
             (default) or ``per_tensor``.
         ranges: Calibrated ``(lo, hi)`` per activation tensor; ``required_ranges`` lists the ones needed.
         recipe: How Q/DQ is written for the target backend.
+        layer_ranges: Per layer, ranges that replace ``ranges`` for that layer's own Q/DQ nodes (layerwise
+            calibration: two layers reading one tensor may clip it differently).
+        smoothing: Per INT8 MatMul layer, SmoothQuant factors ``s`` (one per input channel): the layer computes
+            ``(x / s) @ (s * W)``, the same product with the activation outliers moved into the weight; its range
+            in ``layer_ranges`` must be that of ``x / s``.
 
     Returns:
         A new model with dedicated Q/DQ pairs (int8, fp8) or Casts and low-precision weights (fp16, bf16)
@@ -508,7 +553,7 @@ def rewrite(
     out = copy.deepcopy(model)
     needed = max((_min_opset(precision, layer.op_type) for layer, precision in active), default=0)
     out = _ensure_opset(out, needed)
-    rewriter = _Rewriter(out, ranges, recipe, per_channel)
+    rewriter = _Rewriter(out, ranges, recipe, per_channel, layer_ranges, smoothing)
     for layer, precision in active:
         if precision == "int8":
             rewriter.apply_int8(layer)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from autotune.plan import Plan
+from autotune.search.estimate import Surrogate
 from autotune.search.space import SearchSpace
 
 
@@ -66,6 +67,57 @@ def design_order(factors: int) -> int:
     return order
 
 
+def lowered_precisions(space: SearchSpace) -> list[str]:
+    """Per decision group, the precision it takes when it leaves FP32.
+
+    INT8 where all its layers allow it, otherwise its first precision other than FP32.
+    """
+    lowered = []
+    for group in space.groups:
+        options = [p for p in space.group_choices(group) if p != "fp32"]
+        lowered.append("int8" if "int8" in options else options[0])
+    return lowered
+
+
+def model_best_plan(model: Surrogate, space: SearchSpace, budget: float, seed: int = 0, iterations: int = 300) -> Plan:
+    """The plan the model of the trials rates fastest within ``budget``, knobs at their defaults.
+
+    A randomised local search over the decision groups (each lowered as in :func:`lowered_precisions`): every
+    iteration takes the best plan so far, returns one to three of its lowered groups to FP32, and refills the
+    others greedily in random order while the predicted drop stays within ``budget``.
+
+    Args:
+        model: The additive model of the trials so far.
+        space: The search space.
+        budget: The largest predicted accuracy drop allowed.
+        seed: Seeds the search.
+        iterations: Search steps.
+
+    Returns:
+        The best plan found (the FP32 plan when nothing fits).
+    """
+    rng = np.random.default_rng(seed)
+    groups, lowered = space.groups, lowered_precisions(space)
+
+    def plan_of(chosen: set[int]) -> Plan:
+        return space.plan({space.layer_names[i]: lowered[g] for g in chosen for i in groups[g]})
+
+    best: set[int] = set()
+    best_speedup = model.predict(plan_of(best))[0]
+    for _ in range(iterations):
+        chosen = set(best)
+        if chosen:
+            dropped = rng.choice(sorted(chosen), size=min(len(chosen), int(rng.integers(1, 4))), replace=False)
+            chosen -= set(dropped.tolist())
+        for group in rng.permutation(len(groups)).tolist():
+            if group not in chosen and model.predict(plan_of(chosen | {group}))[1] <= budget:
+                chosen.add(group)
+        speedup = model.predict(plan_of(chosen))[0]
+        if speedup > best_speedup:
+            best_speedup, best = speedup, chosen
+    return plan_of(best)
+
+
 def probe_plans(space: SearchSpace, max_plans: int) -> list[Plan]:
     """The first rows of an orthogonal design over the space's decision groups, as plans.
 
@@ -86,10 +138,7 @@ def probe_plans(space: SearchSpace, max_plans: int) -> list[Plan]:
     order = design_order(len(groups))
     matrix = hadamard(order)
     assert matrix is not None  # design_order returns only orders hadamard builds
-    lowered = []
-    for group in groups:
-        options = [p for p in space.group_choices(group) if p != "fp32"]
-        lowered.append("int8" if "int8" in options else options[0])
+    lowered = lowered_precisions(space)
     plans: list[Plan] = []
     for row in matrix[:max_plans]:
         precisions = {

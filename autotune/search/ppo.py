@@ -8,7 +8,7 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.plan import Plan
-from autotune.search.design import probe_plans
+from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import Surrogate
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
@@ -158,6 +158,7 @@ def train(
             if builds() >= config.budget.builds:
                 break
             evaluate(plan)
+
     callback = _make_callback(config, builds, checkpoints, builds())
     # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
     max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
@@ -171,6 +172,13 @@ def train(
                 model.set_env(imagined)
                 model.learn(rehearsal, reset_num_timesteps=fresh, log_interval=1)
                 fresh = False
+            if config.ppo.build_model_plan and current[0] is not None and builds() < config.budget.builds:
+                # Dyna's planning step: the plan the model of the trials rates best, built for real; a
+                # wrong model is corrected by its own result, and the store answers a repeat for free.
+                evaluate(model_best_plan(current[0], space, config.search_budget, seed=config.seed + builds()))
+                if builds() >= config.budget.builds:  # a rollout would build at least one plan more
+                    save_checkpoint(model, checkpoints, builds())
+                    break
             model.set_env(real)
             model.learn(n_steps, callback=callback, reset_num_timesteps=fresh, log_interval=1)
             fresh = False

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from autotune.backends.base import Capabilities
 from autotune.model import Layer
-from autotune.search.design import design_order, hadamard, probe_plans
+from autotune.search.design import design_order, hadamard, model_best_plan, probe_plans
 from autotune.search.estimate import fit_additive
 from autotune.search.space import SearchSpace
 from autotune.testing import synthetic_evaluator, tiny_space
@@ -85,3 +87,36 @@ def test_probes_take_the_backends_lower_precision_where_int8_is_not_offered():
     plans = probe_plans(space, max_plans=10)
     assert plans[0] == space.uniform("fp16")
     assert {p for plan in plans for _, p in plan.precisions} == {"fp32", "fp16"}
+
+
+class _AdditiveModel:
+    """A model of the trials with known per-layer savings and drops (what ``model_best_plan`` reads)."""
+
+    def __init__(self, saving: dict[str, float], drop: dict[str, float]):
+        self.saving, self.drop = saving, drop
+
+    def predict(self, plan):
+        chosen = [name for name, precision in plan.precisions if precision != "fp32"]
+        return 1.0 / (1.0 - sum(self.saving[n] for n in chosen)), sum(self.drop[n] for n in chosen)
+
+
+def test_the_model_plan_is_the_best_plan_within_the_budget():
+    space = _wide_space(8)
+    rng = np.random.default_rng(4)
+    names = space.layer_names
+    model = _AdditiveModel(
+        {n: float(s) for n, s in zip(names, rng.uniform(0.01, 0.1, 8), strict=True)},
+        {n: float(d) for n, d in zip(names, rng.uniform(0.1, 1.0, 8), strict=True)},
+    )
+    searchable = [names[i] for i in space.searchable]
+    best = max(
+        (
+            model.predict(space.plan({n: "int8" for n, bit in zip(searchable, bits, strict=True) if bit}))
+            for bits in itertools.product([0, 1], repeat=len(searchable))
+        ),
+        key=lambda predicted: predicted[0] if predicted[1] <= 1.5 else 0.0,
+    )
+    plan = model_best_plan(model, space, budget=1.5)
+    assert model.predict(plan) == pytest.approx(best)
+    assert plan.precision_map["mm5"] == "fp32"  # a layer the space keeps in FP32 stays there
+    assert model_best_plan(model, space, budget=0.05) == space.uniform("fp32")  # nothing fits

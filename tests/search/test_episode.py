@@ -64,12 +64,12 @@ def test_decisions_default_order():
         Decision("layers", 1, ("fp32", "int8")),
         Decision("layers", 2, ("fp32", "int8")),
         Decision("layers", 3, ("fp32", "int8")),
-        Decision("knob", 0, ("max", "percentile", "entropy")),
+        Decision("knob", 0, ("layerwise", "max", "percentile", "entropy")),
         Decision("knob", 1, ("per_channel", "per_tensor")),
         Decision("knob", 2, ("all", "extended", "basic")),
         Decision("knob", 3, (True, False)),
     ]
-    assert action_count(steps) == 3
+    assert action_count(steps) == 4
 
 
 def test_single_valued_knobs_skipped():
@@ -92,7 +92,7 @@ def test_decisions_with_groups():
     assert wide[0] == Decision("layers", 0, ("fp32", "fp16", "int8"))
     assert wide[1] == Decision("layers", 1, ("fp32", "int8", "fp8"))
     assert [s.options for s in wide if s.kind == "knob"] == [
-        ("max", "percentile", "entropy"),
+        ("layerwise", "max", "percentile", "entropy"),
         ("per_channel", "per_tensor"),
         ("a", "b", "c", "d"),
         (True, False),
@@ -107,10 +107,10 @@ def test_action_count_empty():
 def test_action_mask():
     steps = decisions(_space())
     n = action_count(steps)
-    assert action_mask(steps, 0, n).tolist() == [True, True, False]
-    assert action_mask(steps, 4, n).tolist() == [True, True, True]
-    assert action_mask(steps, 5, n).tolist() == [True, True, False]
-    assert action_mask(steps, len(steps), n).tolist() == [False, False, False]
+    assert action_mask(steps, 0, n).tolist() == [True, True, False, False]
+    assert action_mask(steps, 4, n).tolist() == [True, True, True, True]
+    assert action_mask(steps, 5, n).tolist() == [True, True, False, False]
+    assert action_mask(steps, len(steps), n).tolist() == [False, False, False, False]
     assert action_mask(steps, len(steps) + 3, n).dtype == bool
 
 
@@ -176,7 +176,7 @@ def test_observation_changes_with_choices():
     later = observe(space, steps, [1, 0, 1, 1, 2])
     assert later[offset + 1] == pytest.approx(0.75)
     assert later[offset + 2] == pytest.approx((total - MACS["fc2"]) / total)
-    assert later[offset + 3] == pytest.approx(1.0)  # third option of three
+    assert later[offset + 3] == pytest.approx(0.75)  # third option of four
     assert later[2 + _LAYER_FEATURES + 1] == 1.0  # second knob step is current
     assert observe(space, steps, [0, 1, 1, 0, 1]).tolist() != later.tolist()
 
@@ -202,7 +202,7 @@ def test_observation_group_features():
 def test_plan_from_actions_default():
     space = _space()
     steps = decisions(space)
-    plan = plan_from_actions(space, steps, [1, 0, 1, 0, 2, 1, 1, 1])
+    plan = plan_from_actions(space, steps, [1, 0, 1, 0, 3, 1, 1, 1])
     assert plan.precision_map == {"fc1": "int8", "fc2": "fp32", "fc3": "int8", "head": "fp32"}
     assert plan.knob_map == {
         "calibration": "entropy",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.search.design import probe_plans
+from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.ppo import LATEST, train
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 
@@ -59,3 +59,33 @@ def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
         )
     assert len(built) == 8  # the probes (an 8-run design for 4 layers), then the interrupted rehearsal
     assert (tmp_path / "ckpt" / LATEST).exists()
+
+
+class _FixedModel:
+    """A model of the trials that rates every layer alike: each INT8 layer saves 10 % and costs 0.006."""
+
+    def predict(self, plan):
+        quantized = sum(precision != "fp32" for _, precision in plan.precisions)
+        return 1.0 / (1.0 - 0.1 * quantized), 0.006 * quantized
+
+    def result(self, plan):
+        from autotune.trial import TrialResult
+
+        speedup, drop = self.predict(plan)
+        return TrialResult(plan=plan, speedup=speedup, accuracy_drop=drop, split="surrogate", from_store=True)
+
+
+def test_the_agent_builds_its_models_best_plan_after_each_rehearsal(tmp_path):
+    space = tiny_space()
+    real, built = _recording_evaluator(space)
+    config = tiny_config(
+        tmp_path,
+        budget={"builds": 6},
+        ppo={"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True},
+    )
+    model = _FixedModel()
+    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
+    planned = model_best_plan(model, space, config.search_budget, seed=config.seed)
+    assert built[0] == planned  # built before the first sampled episode
+    assert model.predict(planned)[1] <= config.search_budget
+    assert sum(p != "fp32" for _, p in planned.precisions) == int(config.search_budget / 0.006)

@@ -30,7 +30,7 @@ def test_default_space():
     assert space.choices == (("fp32", "int8"),) * 4
     assert space.searchable == [0, 1, 2, 3]
     assert [k.name for k in space.knobs] == [CALIBRATION_KNOB, GRANULARITY_KNOB, *ORT_KNOBS]
-    assert space.knobs[0].values == ("max", "percentile", "entropy")
+    assert space.knobs[0].values == ("layerwise", "max", "percentile", "entropy")
     assert space.knobs[1].values == ("per_channel", "per_tensor")
     assert space.knobs[2].values == ("all", "extended", "basic")
     assert space.knobs[3].values == (True, False)
@@ -114,7 +114,7 @@ def test_plan_defaults():
     assert plan.precision_map == {name: "fp32" for name in NAMES}
     assert plan.knob_map == {
         "allow_spinning": True,
-        "calibration": "max",
+        "calibration": "layerwise",
         "graph_optimization_level": "extended",
         "weight_granularity": "per_channel",
     }
