@@ -152,19 +152,18 @@ def train(
             verbose=0,
         )
     model.set_logger(configure(str(tensorboard_dir), ["csv", "tensorboard"]))
-    if config.ppo.probe_plans:
-        # On a resumed run the store answers the probes already built, at no cost.
-        for plan in probe_plans(space, config.budget.builds // 3):
-            if builds() >= config.budget.builds:
-                break
-            evaluate(plan)
-
-    callback = _make_callback(config, builds, checkpoints, builds())
     # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
     max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
     rehearsal = -(-config.ppo.imagined_episodes // config.ppo.episodes_per_update) * n_steps
     fresh = not resume
     try:
+        if config.ppo.probe_plans:
+            # On a resumed run the store answers the probes already built, at no cost.
+            for plan in probe_plans(space, config.budget.builds // 3):
+                if builds() >= config.budget.builds:
+                    break
+                evaluate(plan)
+        callback = _make_callback(config, builds, checkpoints, builds())
         for _ in range(max_updates):
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
             current[0] = surrogate() if surrogate is not None and config.ppo.imagined_episodes else None
@@ -186,7 +185,7 @@ def train(
                 break
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
-        # (The interrupt may come during a rehearsal, before the callback was ever attached to the model.)
+        # (The interrupt may come during the probes or a rehearsal, before the callback was attached to the model.)
         save_checkpoint(model, checkpoints, builds())
         raise
     return model

@@ -61,6 +61,21 @@ def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
     assert (tmp_path / "ckpt" / LATEST).exists()
 
 
+def test_ctrl_c_during_the_probes_still_saves_the_agent(tmp_path):
+    space = tiny_space()
+    real, built = _recording_evaluator(space)
+
+    def interrupted_at_the_third_probe(plan):
+        if len(built) == 2:
+            raise KeyboardInterrupt
+        return real(plan)
+
+    config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 2})
+    with pytest.raises(KeyboardInterrupt):
+        train(config, space, interrupted_at_the_third_probe, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
+    assert len(built) == 2 and (tmp_path / "ckpt" / LATEST).exists()
+
+
 class _FixedModel:
     """A model of the trials that rates every layer alike: each INT8 layer saves 10 % and costs 0.006."""
 
