@@ -121,8 +121,9 @@ class SearchSpaceConfig(_Strict):
     op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] | None = None
     calibration_methods: list[Literal["layerwise", "max", "percentile", "entropy"]] = list(CALIBRATION_METHODS)
     """Values of the ``calibration`` knob, the first being its default: ``max``, ``percentile`` or ``entropy``
-    ranges for every layer, or ``layerwise``: per layer, whichever of the three hurts the output least when that
-    layer alone is INT8 (chosen once on the calibration data; see ``autotune.quant.layerwise``)."""
+    ranges for every layer, or ``layerwise``: per layer, whichever of those three or of SmoothQuant at two strengths
+    hurts the output least when that layer alone is INT8 (chosen once on the calibration data and cached; see
+    ``autotune.quant.layerwise``)."""
     weight_granularity: list[Literal["per_channel", "per_tensor"]] = ["per_channel", "per_tensor"]
     knobs: dict[str, list[KnobValue]] = Field(default_factory=dict)
     """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""

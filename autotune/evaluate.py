@@ -131,8 +131,7 @@ class TrialRunner:
                 f"replace the operator it names, or choose another backend"
             ) from error
         self.calibration = self._calibrate(calibration_data)
-        self.layerwise = self._choose_layer_methods(calibration_data)
-        self.use_layerwise(self.layerwise)
+        self.use_layerwise(self._choose_layer_methods(calibration_data))
         self.reference_outputs = {split: self._outputs(self.reference, data) for split, data in self.datasets.items()}
         self.reference_accuracy: dict[str, float] = {}
         for split in self.datasets:

@@ -163,7 +163,7 @@ def _channel_ranges(
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    # Only the numbers matter here: skipping graph optimizations makes each of the ~100 sessions cheap.
+    # Only the numbers matter here: skipping graph optimizations makes each of the ~180 sessions (MiniLM) cheap.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 2
     options.log_severity_level = 3
@@ -260,7 +260,6 @@ def choose_layer_methods(
     tensors = list(dict.fromkeys(layer.activation_inputs[0] for layer in smoothable_layers))
     smooth = any(method in SMOOTHING for method in methods)
     reference, channels = _channel_ranges(model, tensors if smooth else [], batches, output_index)
-    probe = LayerwiseChoices({}, {}, channels)
     by_method = {method: calibration.ranges(method) for method in methods if method not in SMOOTHING}
     by_name = {layer.name: layer for layer in layers}
     errors: dict[str, dict[str, float]] = {name: {} for name in by_name}
@@ -272,9 +271,9 @@ def choose_layer_methods(
         if method in SMOOTHING:
             if layer not in smoothable_layers:
                 return math.inf
-            probe.methods[name] = method
-            smoothing = probe.smoothing(model, [layer])
-            ranges = probe.layer_ranges(calibration, smoothing, [layer])[name]
+            alone = LayerwiseChoices({name: method}, {}, channels)
+            smoothing = alone.smoothing(model, [layer])
+            ranges = alone.layer_ranges(calibration, smoothing, [layer])[name]
             typed = rewrite(model, layers, plan, ranges, recipe, smoothing=smoothing)
             key: tuple = (name, method)
         else:

@@ -535,7 +535,7 @@ def rewrite(
         recipe: How Q/DQ is written for the target backend.
         layer_ranges: Per layer, ranges that replace ``ranges`` for that layer's own Q/DQ nodes (layerwise
             calibration: two layers reading one tensor may clip it differently).
-        smoothing: Per INT8 MatMul layer, SmoothQuant factors ``s`` (one per input channel): the layer computes
+        smoothing: Per INT8 (or FP8) MatMul layer, SmoothQuant factors ``s`` (one per input channel): the layer computes
             ``(x / s) @ (s * W)``, the same product with the activation outliers moved into the weight; its range
             in ``layer_ranges`` must be that of ``x / s``.
 
