@@ -200,17 +200,17 @@ class TrialRunner:
             choices.layer_ranges(self.calibration, self._smoothing, self.model.layers) if choices else {}
         )
 
-    def _ranges(self, plan: Plan) -> tuple[dict[str, tuple[float, float]], dict[str, dict[str, tuple[float, float]]]]:
-        """Ranges for the plan's calibration method, and per-layer ranges that replace them (``layerwise``).
+    def _ranges(self, plan: Plan) -> tuple[dict[str, tuple[float, float]], dict[str, Any], dict[str, Any]]:
+        """Ranges for the plan's calibration method, per-layer ranges that replace them, SmoothQuant factors.
 
-        With ``layerwise``, the smoothed layers also need ``self._smoothing``.
+        The last two are empty unless the plan's calibration is ``layerwise``.
         """
         method = str(plan.knob(CALIBRATION_KNOB, "max"))
         if method == LAYERWISE:
             if self.layerwise is None:
                 raise BuildError("calibration=layerwise is not offered by this run's search.calibration_methods")
-            return self.calibration.ranges("max"), self._layer_ranges
-        return self.calibration.ranges(method), {}
+            return self.calibration.ranges("max"), self._layer_ranges, self._smoothing
+        return self.calibration.ranges(method), {}, {}
 
     def _outputs(self, artifact: Any, data: Dataset) -> list:
         return [self.backend.run(artifact, batch)[self.output_index] for batch in data.batches]
@@ -221,14 +221,13 @@ class TrialRunner:
 
     def typed_model(self, plan: Plan) -> onnx.ModelProto:
         """The explicitly typed ONNX model of a plan."""
-        ranges, layer_ranges = self._ranges(plan)
-        smoothing = self._smoothing if layer_ranges else None
+        ranges, layer_ranges, smoothing = self._ranges(plan)
         return rewrite(self.model.proto, self.model.layers, plan, ranges, self.backend.recipe, layer_ranges, smoothing)
 
     def build(self, plan: Plan, workdir: Path) -> Any:
         """The backend's artifact of a plan: from the plan itself, or from its typed ONNX model."""
         if self.backend.builds_from_plan:
-            ranges, layer_ranges = self._ranges(plan)
+            ranges, layer_ranges, _ = self._ranges(plan)  # no smoothing candidates for plan-native backends
             return self.backend.build_plan(plan, self.model.layers, ranges, workdir, layer_ranges)
         return self.backend.build(self.typed_model(plan), plan.knob_map, workdir)
 

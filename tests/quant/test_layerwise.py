@@ -219,7 +219,7 @@ def test_a_smoothed_int8_layer_computes_the_same_product_with_less_error():
     assert error(smoothed) < error(plain) / 4
 
 
-def test_layerwise_choice_smooths_a_layer_with_an_outlier_channel(tmp_path):
+def test_layerwise_choice_smooths_a_layer_with_an_outlier_channel():
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _channel_outlier_batches()
     chosen = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, _calibration(batches), batches)
