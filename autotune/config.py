@@ -97,6 +97,79 @@ class MetricConfig(_Strict):
         return self
 
 
+class OnnxRuntimeOptions(_Strict):
+    """``backend.options`` of ONNX Runtime: none yet (its threads are ``backend.intra_op_threads``)."""
+
+
+TILING_LEVELS = ("NONE", "FAST", "MODERATE", "FULL")
+"""TensorRT's ``TilingOptimizationLevel`` member names."""
+
+
+def _unique(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(values))
+
+
+class TensorRTOptions(_Strict):
+    """``backend.options`` of a TensorRT run; every ladder's first value is its knob's default.
+
+    ``-1`` in ``max_num_tactics`` and ``max_aux_streams`` leaves the choice to TensorRT's heuristic.
+    """
+
+    workspace_ladder_mib: tuple[Annotated[int, Field(gt=0, strict=True)], ...] = Field((256, 1024, 4096), min_length=1)
+    """Workspace memory-pool limits offered, in MiB."""
+    builder_optimization_levels: tuple[Annotated[int, Field(ge=0, le=5, strict=True)], ...] = Field(
+        (3, 4, 5), min_length=1
+    )
+    """``builder_optimization_level`` values offered (0-5; TensorRT's default is 3)."""
+    max_num_tactics: tuple[Annotated[int, Field(ge=-1, strict=True)], ...] = Field((-1, 16), min_length=1)
+    """``max_num_tactics`` values offered."""
+    tiling_optimization_levels: tuple[Literal["NONE", "FAST", "MODERATE", "FULL"], ...] = Field(
+        ("NONE", "MODERATE"), min_length=1
+    )
+    """``TilingOptimizationLevel`` member names offered."""
+    max_aux_streams: tuple[Annotated[int, Field(ge=-1, strict=True)], ...] = Field((-1, 0), min_length=1)
+    """``max_aux_streams`` values offered."""
+    avg_timing_iterations: int = Field(4, ge=1, strict=True)
+    """Timing runs averaged per tactic (API default 1, trtexec's 8)."""
+    strict_precision: bool = Field(True, strict=True)
+    """A requested precision that did not land fails the trial; False only logs a warning."""
+    device: int = Field(0, ge=0, strict=True)
+    """CUDA device index."""
+    timing_cache: str | None = None
+    """Timing-cache file; default ``<first workdir>/tensorrt-timing.cache``."""
+
+    @field_validator(
+        "workspace_ladder_mib", "builder_optimization_levels", "max_num_tactics", "max_aux_streams", mode="after"
+    )
+    @classmethod
+    def _dedupe(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        return _unique(value)
+
+    @field_validator("tiling_optimization_levels", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return _unique(tuple(str(v).upper() for v in value))
+        return value
+
+
+class TorchOptions(_Strict):
+    """``backend.options`` of the PyTorch backend."""
+
+    device: str = Field("cuda", pattern=r"^(cpu|cuda(:\d+)?)$")
+    """``cuda``, ``cuda:N``, or ``cpu`` (eager runs only: what the CPU test suite uses)."""
+
+
+BACKEND_OPTIONS: dict[str, type[_Strict]] = {
+    "onnxruntime": OnnxRuntimeOptions,
+    "tensorrt": TensorRTOptions,
+    "torch": TorchOptions,
+}
+"""The typed ``backend.options`` model of each backend."""
+
+BackendOptions = OnnxRuntimeOptions | TensorRTOptions | TorchOptions
+
+
 class BackendConfig(_Strict):
     """The backend that builds and measures engines, and its deployment settings (not searched)."""
 
@@ -105,8 +178,32 @@ class BackendConfig(_Strict):
     """ORT: threads per session, fixed by the deployment."""
     timeout_s: float = Field(600.0, gt=0)
     """A build and measurement slower than this is a failed trial."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Backend-specific settings (TensorRT: workspace_ladder_mib, device ...)."""
+    options: BackendOptions = Field(default_factory=OnnxRuntimeOptions)
+    """The backend's own settings, validated by its model in ``BACKEND_OPTIONS`` (chosen by ``name``)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _typed_options(cls, data: Any, handler: Any) -> Any:
+        """Validates ``options`` with the model of the named backend, so errors carry the full key path."""
+        if isinstance(data, dict):
+            name = data.get("name", "onnxruntime")
+            options = data.get("options") or {}
+            if name in BACKEND_OPTIONS and isinstance(options, dict):
+                try:
+                    typed = BACKEND_OPTIONS[name].model_validate(options)
+                except ValidationError as error:
+                    details = [
+                        {
+                            "type": item["type"],
+                            "loc": ("options", *item["loc"]),
+                            "input": item["input"],
+                            **({"ctx": item["ctx"]} if "ctx" in item else {}),
+                        }
+                        for item in error.errors()
+                    ]
+                    raise ValidationError.from_exception_data(cls.__name__, details) from None
+                data = {**data, "options": typed}
+        return handler(data)
 
 
 class SearchSpaceConfig(_Strict):

@@ -13,6 +13,11 @@ PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8")
 
 KnobValue = str | int | float | bool
 
+CALIBRATION_KNOB = "calibration"
+"""The recipe knob that picks the calibration method a plan's quantized layers are built with."""
+GRANULARITY_KNOB = "weight_granularity"
+"""The recipe knob that picks per-channel or per-tensor weight scales."""
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -1,13 +1,14 @@
-"""Backends build and run engines; each imports its runtime lazily."""
+"""Backends build and run engines behind one contract (``base.Backend``); each imports its runtime lazily."""
 
 from __future__ import annotations
 
-from autotune.backends.base import Backend, BackendUnavailable, BuildError, Capabilities, Knob
+from autotune.backends.base import Backend, BackendUnavailable, BuildError, GraphArtifact, GraphBackend
+from autotune.capabilities import Capabilities, Knob
 from autotune.config import BackendConfig, ModelConfig
 
 
 def get_backend(config: BackendConfig, model: ModelConfig | None = None) -> Backend:
-    """The backend a config names.
+    """The backend a config names, with its typed options (``config.BACKEND_OPTIONS``).
 
     Args:
         config: The ``backend`` section.
@@ -16,7 +17,6 @@ def get_backend(config: BackendConfig, model: ModelConfig | None = None) -> Back
     Raises:
         BackendUnavailable: Its runtime is not installed (the message says how to install it), or the torch
             backend has no PyTorch model or no CUDA device.
-        ValueError: ``backend.options`` has an unknown key or a bad value.
     """
     if config.name == "onnxruntime":
         from autotune.backends.onnxruntime import OnnxRuntimeCPU
@@ -27,10 +27,19 @@ def get_backend(config: BackendConfig, model: ModelConfig | None = None) -> Back
 
         return TensorRTBackend(options=config.options)
     if config.name == "torch":
-        from autotune.backends.pytorch import TorchBackend
+        from autotune.backends.torch import TorchBackend
 
         return TorchBackend(model.torch if model is not None else None, options=config.options)
-    raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune yet")
+    raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune")
 
 
-__all__ = ["Backend", "BackendUnavailable", "BuildError", "Capabilities", "Knob", "get_backend"]
+__all__ = [
+    "Backend",
+    "BackendUnavailable",
+    "BuildError",
+    "Capabilities",
+    "GraphArtifact",
+    "GraphBackend",
+    "Knob",
+    "get_backend",
+]

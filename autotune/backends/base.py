@@ -1,22 +1,30 @@
-"""What every backend offers: capabilities, build, run, profile."""
+"""The one backend contract: capabilities, prepare, build, run, profile, export.
+
+Every backend turns a plan into an engine through the same methods, whether it builds the typed ONNX graph the
+plan lowers to (ONNX Runtime, TensorRT: ``GraphBackend``) or rewrites a PyTorch module (torch). Nothing outside
+``autotune.backends`` asks which kind it has.
+"""
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import onnx
 
+from autotune.capabilities import Capabilities, Knob
+from autotune.files import atomic_write
 from autotune.plan import KnobValue, Plan
+from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import QuantRecipe
 
 if TYPE_CHECKING:
-    from autotune.model import Layer, LoadedModel
+    from autotune.model import LoadedModel
 
 
 class BackendUnavailable(RuntimeError):
@@ -27,66 +35,44 @@ class BuildError(RuntimeError):
     """A build failed; the trial records the message and the search goes on."""
 
 
-@dataclass(frozen=True)
-class Knob:
-    """One build knob and the values a backend allows for it.
-
-    Attributes:
-        name: The key in ``Plan.knobs``.
-        values: Allowed values; the first is the default.
-        description: What it changes, for people.
-    """
-
-    name: str
-    values: tuple[KnobValue, ...]
-    description: str = ""
-
-    @property
-    def default(self) -> KnobValue:
-        """The value used when a plan does not set the knob."""
-        return self.values[0]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend can build on this machine.
-
-    Attributes:
-        precisions: Op type to the precisions it may take, ``fp32`` first.
-        knobs: The backend's own build knobs.
-    """
-
-    precisions: Mapping[str, tuple[str, ...]]
-    knobs: tuple[Knob, ...] = field(default_factory=tuple)
-
-    def precisions_for(self, op_type: str) -> tuple[str, ...]:
-        """Precisions for one op type; FP32 only when the backend has nothing else for it."""
-        return self.precisions.get(op_type, ("fp32",))
-
-
 class Backend(ABC):
-    """Builds an artifact from a typed ONNX model and runs it.
+    """Turns plans into engines and runs them.
 
-    Subclasses import their runtime lazily, so ``import autotune`` works without it.
-
-    A backend whose ``builds_from_plan`` is True builds a plan itself (``bind``, ``build_plan``, ``export_plan``)
-    instead of the typed ONNX model: the ONNX model then only supplies the layer table and the calibration.
+    The harness calls ``prepare`` once per run, then ``build`` per plan (the FP32 reference is the all-FP32
+    plan), ``run``/``time_run`` on what it returns, and ``export`` for the winner. Subclasses import their
+    runtime lazily, so ``import autotune`` works without it.
     """
 
     name: ClassVar[str]
     recipe: QuantRecipe
-    builds_from_plan: ClassVar[bool] = False
 
     @abstractmethod
     def capabilities(self) -> Capabilities:
         """Precisions per op type and knobs, read from the installed runtime and device."""
 
-    @abstractmethod
-    def build(self, model: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path) -> Any:
-        """Builds a runnable artifact.
+    def prepare(self, model: LoadedModel, searched: Sequence[str]) -> None:
+        """Takes the run's model once, before any build.
+
+        Args:
+            model: The loaded ONNX model (layer table, weights, inputs and outputs).
+            searched: Names of the layers the search may change.
 
         Raises:
-            BuildError: The runtime rejected the model or the knobs.
+            ValueError: A searched layer cannot be built by this backend; the message says how to keep it FP32.
+        """
+        self.model = model
+
+    @abstractmethod
+    def build(self, plan: Plan, quantization: Quantization, workdir: Path) -> Any:
+        """Builds a runnable engine of a plan.
+
+        Args:
+            plan: Precision per layer and the knobs.
+            quantization: Calibrated ranges (and SmoothQuant factors, where offered) for the plan's method.
+            workdir: Where the build may keep files (caches live across builds there).
+
+        Raises:
+            BuildError: The runtime rejected the plan or its knobs.
         """
 
     @abstractmethod
@@ -102,54 +88,61 @@ class Backend(ABC):
         self.run(artifact, feeds)
         return (time.perf_counter() - start) * 1e3
 
-    def profile(
-        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]
-    ) -> dict[str, float] | None:
-        """Each named node's share of FP32 runtime, or None when the backend cannot profile per node."""
+    def profile(self, model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
+        """Each layer's share of FP32 runtime, or None when the backend cannot profile per layer."""
         return None
 
-    def bind(self, model: LoadedModel, searched: Sequence[str]) -> None:
-        """Plan-native backends: maps the model's layer table onto what they build, once per run.
+    @abstractmethod
+    def export(self, artifact: Any, plan: Plan, out_dir: Path) -> list[Path]:
+        """Writes the deployable files of an engine into ``out_dir``; the loadable one comes first."""
 
-        Args:
-            model: The loaded ONNX model (layer table, weights, inputs and outputs).
-            searched: Names of the layers the search may change; each must be mappable.
 
-        Raises:
-            ValueError: A searched layer cannot be mapped; the message says how to keep it in FP32.
-        """
-        return None
+@dataclass
+class GraphArtifact:
+    """An engine built from a typed ONNX graph, with that graph (what ``export`` writes beside it)."""
 
-    def build_plan(
-        self,
-        plan: Plan,
-        layers: Sequence[Layer],
-        ranges: Mapping[str, tuple[float, float]],
-        workdir: Path,
-        layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
-    ) -> Any:
-        """Plan-native backends: builds a runnable artifact straight from a plan.
+    graph: onnx.ModelProto
+    engine: Any
 
-        Args:
-            plan: Precision per layer and the knobs.
-            layers: The layer table (``bind`` saw the same).
-            ranges: Calibrated ``(lo, hi)`` per ONNX tensor name, by the plan's calibration method.
-            workdir: Where the build may keep files.
-            layer_ranges: Per layer, ranges that replace ``ranges`` for it (``layerwise`` calibration).
+
+class GraphBackend(Backend):
+    """A backend that builds the typed ONNX graph a plan lowers to (``autotune.quant.lowering``).
+
+    Subclasses say how a graph becomes an engine (``build_graph``) and how an engine runs (``run_engine``).
+    """
+
+    @abstractmethod
+    def build_graph(self, graph: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
+        """Builds an engine from a typed ONNX graph.
 
         Raises:
-            BuildError: The plan cannot be built.
+            BuildError: The runtime rejected the graph or the knobs.
         """
-        raise NotImplementedError(f"the {self.name} backend builds typed ONNX models: call build")
 
-    def export_plan(self, artifact: Any, plan: Plan, out_dir: Path) -> list[Path]:
-        """Plan-native backends: writes the deployable files of an artifact; the loadable one comes first."""
-        raise NotImplementedError(f"the {self.name} backend exports typed ONNX models: call export")
+    @abstractmethod
+    def run_engine(self, engine: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs one batch on an engine of ``build_graph``."""
 
-    def export(self, artifact: Any, model: onnx.ModelProto, out_dir: Path) -> list[Path]:
-        """Writes the deployable files of an artifact into ``out_dir`` and returns their paths."""
-        path = out_dir / "model.onnx"
-        tmp = out_dir / ".model.onnx.tmp"
-        onnx.save(model, str(tmp))
-        tmp.replace(path)  # readers see the old model or the new one, never a torn file
-        return [path]
+    def build(self, plan: Plan, quantization: Quantization, workdir: Path) -> GraphArtifact:
+        """Lowers the plan to a typed graph and builds it."""
+        graph = lower(self.model, plan, quantization, self.recipe)
+        return GraphArtifact(graph, self.build_graph(graph, plan.knob_map, workdir))
+
+    def run(self, artifact: GraphArtifact, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs one batch."""
+        return self.run_engine(artifact.engine, feeds)
+
+    def export(self, artifact: GraphArtifact, plan: Plan, out_dir: Path) -> list[Path]:
+        """Writes the typed graph as ``model.onnx``."""
+        return [atomic_write(out_dir / "model.onnx", lambda tmp: onnx.save(artifact.graph, str(tmp)))]
+
+
+__all__ = [
+    "Backend",
+    "BackendUnavailable",
+    "BuildError",
+    "Capabilities",
+    "GraphArtifact",
+    "GraphBackend",
+    "Knob",
+]

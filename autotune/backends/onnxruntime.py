@@ -5,24 +5,29 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from autotune.backends.base import Backend, BuildError, Capabilities, Knob
+from autotune.backends.base import BuildError, GraphBackend
+from autotune.capabilities import Capabilities, Knob
+from autotune.optypes import TUNABLE_OP_TYPES
 from autotune.plan import KnobValue
 from autotune.quant.recipe import ORT_X86
+
+if TYPE_CHECKING:
+    from autotune.model import LoadedModel
 
 _LEVELS = ("all", "extended", "basic")
 
 
-class OnnxRuntimeCPU(Backend):
+class OnnxRuntimeCPU(GraphBackend):
     """ONNX Runtime with the CPU execution provider.
 
-    FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts (measurements-cpu.md, section 4).
+    FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts.
     INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86.
 
     Args:
@@ -41,7 +46,7 @@ class OnnxRuntimeCPU(Backend):
         """INT8 for weight layers; optimization level and spinning as knobs."""
         int8 = ("fp32", "int8")
         return Capabilities(
-            precisions={"Conv": int8, "Gemm": int8, "MatMul": int8, "ConvTranspose": int8},
+            precisions={op: int8 for op in TUNABLE_OP_TYPES},
             knobs=(
                 Knob(
                     "graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"
@@ -89,14 +94,14 @@ class OnnxRuntimeCPU(Backend):
             disabled_optimizers=["MatMulAddFusion"] if quantized else [],
         )
 
-    def build(self, model: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
+    def build_graph(self, graph: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
         """Creates an inference session (the ORT "engine").
 
         Raises:
             BuildError: ORT rejected the model.
         """
         try:
-            return self._session(model, knobs)
+            return self._session(graph, knobs)
         except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for a bad graph
             raise BuildError(f"ONNX Runtime could not create a session: {error}") from error
 
@@ -107,14 +112,12 @@ class OnnxRuntimeCPU(Backend):
             self._session(model, knobs, path)
             return onnx.load(path)
 
-    def run(self, artifact: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Runs one batch."""
-        return artifact.run(None, dict(feeds))
+    def run_engine(self, engine: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Runs one batch on a session."""
+        return engine.run(None, dict(feeds))
 
-    def profile(
-        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], node_names: Sequence[str]
-    ) -> dict[str, float] | None:
-        """Per-node shares of FP32 runtime from ORT's profiler.
+    def profile(self, model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
+        """Per-layer shares of FP32 runtime from ORT's profiler.
 
         Profiled with graph optimizations off, where every node keeps its name: fusions (even at the basic level,
         MatMul+Add becomes Gemm) would attribute a layer's time to a fused node with another name.
@@ -130,7 +133,7 @@ class OnnxRuntimeCPU(Backend):
         with tempfile.TemporaryDirectory() as tmp:
             options.profile_file_prefix = os.path.join(tmp, "profile")
             try:
-                session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
                 for _ in range(5):
                     session.run(None, dict(feeds))
             except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for a bad graph
@@ -144,4 +147,4 @@ class OnnxRuntimeCPU(Backend):
         total = sum(per_node.values())
         if total <= 0:
             return None
-        return {name: per_node.get(name, 0.0) / total for name in node_names}
+        return {name: per_node.get(name, 0.0) / total for name in model.layer_names}

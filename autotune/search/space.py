@@ -6,13 +6,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autotune.backends.base import Capabilities, Knob
+from autotune.capabilities import Capabilities, Knob
 from autotune.config import SearchSpaceConfig
 from autotune.model import Layer
-from autotune.plan import KnobValue, Plan
+from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, KnobValue, Plan
 
-CALIBRATION_KNOB = "calibration"
-GRANULARITY_KNOB = "weight_granularity"
+__all__ = ["CALIBRATION_KNOB", "GRANULARITY_KNOB", "SearchSpace", "build_space"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+"""What a backend can build on this machine: precisions per op type and build knobs. Pure data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autotune.plan import KnobValue
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One build knob and the values a backend allows for it.
+
+    Attributes:
+        name: The key in ``Plan.knobs``.
+        values: Allowed values; the first is the default.
+        description: What it changes, for people.
+    """
+
+    name: str
+    values: tuple[KnobValue, ...]
+    description: str = ""
+
+    @property
+    def default(self) -> KnobValue:
+        """The value used when a plan does not set the knob."""
+        return self.values[0]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can build on this machine.
+
+    Attributes:
+        precisions: Op type to the precisions it may take, ``fp32`` first.
+        knobs: The backend's own build knobs.
+        smoothing: The backend lowers SmoothQuant (a Mul on a layer's input, scaled weights); backends that
+            rewrite modules instead of graphs take calibrated ranges only.
+    """
+
+    precisions: Mapping[str, tuple[str, ...]]
+    knobs: tuple[Knob, ...] = field(default_factory=tuple)
+    smoothing: bool = True
+
+    def precisions_for(self, op_type: str) -> tuple[str, ...]:
+        """Precisions for one op type; FP32 only when the backend has nothing else for it."""
+        return self.precisions.get(op_type, ("fp32",))
