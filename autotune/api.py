@@ -12,10 +12,10 @@ import onnx
 from autotune.backends import BuildError, get_backend
 from autotune.config import TuneConfig
 from autotune.data import load_dataset
-from autotune.evaluate import Evaluator, SetupError, load_model, search_space, with_runtime_shares
+from autotune.harness import Evaluator, SetupError, load_model, prepare_backend, search_space, with_runtime_shares
 from autotune.metrics import check_labels
 from autotune.model import LoadedModel
-from autotune.plan import Plan
+from autotune.plan import PRECISIONS, Plan
 from autotune.search.space import SearchSpace
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
@@ -26,7 +26,7 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
 
     Raises:
         SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a
-            plan-native backend cannot map a searched layer).
+            backend cannot build a searched layer).
     """
     try:
         backend = get_backend(config.backend, config.model)
@@ -43,11 +43,7 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
     except (ValueError, OSError) as error:
         raise SetupError(str(error)) from error
     space = search_space(config, model, backend)
-    if backend.builds_from_plan:  # a layer it cannot map fails here, before a run directory exists
-        try:
-            backend.bind(model, [space.layer_names[i] for i in space.searchable])
-        except ValueError as error:
-            raise SetupError(str(error)) from error
+    prepare_backend(backend, model, space)  # a layer the backend cannot build fails here, before a run directory
     return model, space
 
 
@@ -117,7 +113,7 @@ def resolve_plan(spec: str, space: SearchSpace) -> Plan:
     Raises:
         SetupError: The file is missing or not a plan, or the plan is outside the space.
     """
-    if spec in ("fp32", "fp16", "bf16", "int8", "fp8"):
+    if spec in PRECISIONS:
         return space.uniform(spec)
     path = Path(spec)
     if not path.is_file():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from autotune import api
 from autotune.config import ConfigError, load_config
+from autotune.plan import PRECISIONS
+from autotune.tune import STRATEGIES, export_ranked, tune
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +67,6 @@ def _print_summary(summary: dict) -> None:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from autotune.tune import tune
-
     config = load_config(args.config, args.set)
     summary = tune(config, progress=not args.no_progress)
     _print_summary(summary)
@@ -75,8 +75,6 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from autotune.tune import tune
-
     overrides = [f"budget.builds={args.budget}", f"seed={args.seed}"] if args.budget else [f"seed={args.seed}"]
     config = load_config(args.config, overrides + args.set)
     if not any(item.startswith("name=") for item in args.set):
@@ -87,18 +85,15 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from autotune.tune import tune
-
     summary = tune(resume_dir=Path(args.run_dir), progress=not args.no_progress)
     _print_summary(summary)
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from autotune.evaluate import Evaluator
+    from autotune.harness import Evaluator
     from autotune.rundir import RunDir
     from autotune.store import TrialStore
-    from autotune.tune import export_ranked
 
     run, config = RunDir.open(args.run_dir)
     with TrialStore(run.store) as store, Evaluator(config, store) as evaluator:
@@ -130,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("evaluate", help="build and measure one plan against FP32 in the same run")
     _add_config(evaluate)
-    evaluate.add_argument("--plan", default="int8", help="fp32, int8, or a plan JSON file (default int8)")
+    evaluate.add_argument(
+        "--plan", default="int8", help=f"a precision for every layer ({', '.join(PRECISIONS)}) or a plan JSON file"
+    )
     evaluate.add_argument("--split", choices=("evaluation", "holdout"), default="evaluation")
     evaluate.set_defaults(handler=_evaluate)
 
@@ -141,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     baseline = commands.add_parser("baseline", help="run a baseline strategy on the same harness as the agent")
     _add_config(baseline)
-    baseline.add_argument("--strategy", required=True, choices=("random", "greedy", "optuna", "fp32", "int8", "fp16"))
+    baseline.add_argument("--strategy", required=True, choices=STRATEGIES)
     baseline.add_argument("--budget", type=int, help="builds (default budget.builds of the config)")
     baseline.add_argument("--seed", type=int, default=0)
     baseline.add_argument("--no-progress", action="store_true")
@@ -168,12 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; errors a user can fix are printed without a traceback."""
     args = build_parser().parse_args(argv)
     from autotune.backends import BackendUnavailable, BuildError
-    from autotune.evaluate import SetupError
+    from autotune.extras import MissingExtra
+    from autotune.harness import SetupError
     from autotune.store import StoreError
 
     try:
         return args.handler(args)
-    except (ConfigError, SetupError, StoreError, BackendUnavailable, BuildError) as error:
+    except (ConfigError, SetupError, StoreError, BackendUnavailable, BuildError, MissingExtra) as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a full disk or an unwritable folder: the message names the file and the cause

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autotune.optypes import TunableOp
+
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
 CALIBRATION_METHODS = ("layerwise", "max", "percentile", "entropy")
@@ -215,7 +217,7 @@ class SearchSpaceConfig(_Strict):
     """Regex: tune only layers whose name matches; the rest stay FP32."""
     exclude_layers: str | None = None
     """Regex: keep matching layers in FP32."""
-    op_types: list[Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]] | None = None
+    op_types: list[TunableOp] | None = None
     calibration_methods: list[Literal["layerwise", "max", "percentile", "entropy"]] = list(CALIBRATION_METHODS)
     """Values of the ``calibration`` knob, the first being its default: ``max``, ``percentile`` or ``entropy``
     ranges for every layer, or ``layerwise``: per layer, whichever of those three or of SmoothQuant at two strengths

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-TUNABLE_OP_TYPES = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+from autotune.extras import MissingExtra
+from autotune.optypes import TUNABLE_OP_TYPES
 
 
 class ModelError(ValueError):
@@ -174,12 +175,15 @@ def resolve_callable(spec: str) -> Any:
 
     Raises:
         ValueError: The spec is malformed or the name does not exist.
+        MissingExtra: The module needs an extra of autotune that is not installed (passed on unchanged).
     """
     if ":" not in spec:
         raise ValueError(f"{spec!r} must look like 'package.module:function'")
     module_name, attribute = spec.split(":", 1)
     try:
         module = importlib.import_module(module_name)
+    except MissingExtra:  # its one-line message says what to install; wrapped, it would name the module instead
+        raise
     except ImportError as error:
         raise ValueError(f"cannot import {module_name!r} for {spec!r}: {error}") from error
     try:

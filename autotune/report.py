@@ -10,8 +10,9 @@ import numpy as np
 
 from autotune.config import TuneConfig
 from autotune.rundir import RunDir, write_atomic
+from autotune.search.estimate import fit_additive
 from autotune.search.reward import meets_budget, reward
-from autotune.search.select import pareto_front
+from autotune.search.select import pareto_front, ranking
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
@@ -53,18 +54,15 @@ def load_run(path: str | Path) -> RunData:
 def layer_sensitivities(data: RunData) -> dict[str, float]:
     """Per-layer accuracy drop estimated from all successful trials, assuming drops add up across layers.
 
-    Drops of per-layer INT8 choices are close to additive (measurements-cpu.md), so a least-squares fit of
-    ``drop = sum of the quantized layers' sensitivities`` over the trials gives each layer's cost.
+    Drops of per-layer INT8 choices are close to additive, so the agent's least-squares fit
+    (``autotune.search.estimate.fit_additive``) of ``drop = sum of the quantized layers' sensitivities`` over the
+    trials gives each layer's cost; a tiny ridge only keeps it solvable.
     """
-    ok = [t for t in data.trials if t.ok and t.accuracy_drop is not None]
-    if not ok:
+    if not data.trials:
         return {}
-    names = [name for name, _ in ok[0].plan.precisions]
-    design = np.array([[p != "fp32" for _, p in t.plan.precisions] for t in ok], dtype=float)
-    drops = np.array([t.accuracy_drop for t in ok])
-    ridge = 1e-6 * np.eye(len(names))
-    solution = np.linalg.solve(design.T @ design + ridge, design.T @ drops)
-    return dict(zip(names, np.clip(solution, 0.0, None).tolist(), strict=True))
+    names = [name for name, _ in data.trials[0].plan.precisions]
+    estimates = fit_additive(names, data.trials, ridge=1e-6, min_trials=1)
+    return dict(zip(names, estimates.drop.tolist(), strict=True)) if estimates else {}
 
 
 def _plt():
@@ -175,8 +173,6 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
             f"on held-out data ({data.summary['plan']})"
         )
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
-    from autotune.tune import ranking
-
     ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget)
     winner_plan = ranked[0].plan if ranked else None
     lines += [

@@ -8,26 +8,17 @@ from typing import Any
 
 from autotune.api import analyze, check_data
 from autotune.config import ConfigError, TuneConfig
-from autotune.evaluate import Evaluator
+from autotune.harness import Evaluator
 from autotune.monitor import RunMonitor
-from autotune.plan import Plan
+from autotune.plan import PRECISIONS, Plan
 from autotune.rundir import RunDir, write_json
-from autotune.search.estimate import LayerEstimates, Surrogate, dominant_setting, fit_additive, fit_surrogate
+from autotune.search.estimate import RefittedEstimates
 from autotune.search.reward import meets_budget
-from autotune.search.select import confirmation_order
-from autotune.search.space import CALIBRATION_KNOB, GRANULARITY_KNOB, SearchSpace
+from autotune.search.select import confirmation_order, ranking
+from autotune.search.space import SearchSpace
+from autotune.search.strategies import SEARCHES, SearchContext, search_fixed
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
-
-
-def ranking(confirmed: list[TrialResult], accuracy_budget: float) -> list[TrialResult]:
-    """Confirmed plans, best first: within budget by speedup, then the rest by drop."""
-    within = sorted((r for r in confirmed if meets_budget(r, accuracy_budget)), key=lambda r: -(r.speedup or 0))
-    others = sorted(
-        (r for r in confirmed if not meets_budget(r, accuracy_budget)),
-        key=lambda r: (not r.ok, r.accuracy_drop if r.accuracy_drop is not None else float("inf")),
-    )
-    return within + others
 
 
 def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[TrialResult]:
@@ -100,32 +91,14 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
     }
 
 
-FIXED_STRATEGIES = ("fp32", "int8", "fp16", "bf16", "fp8")
+STRATEGIES: tuple[str, ...] = ("ppo", *SEARCHES, *PRECISIONS)
+"""Every strategy ``tune`` runs, and so ``autotune baseline --strategy`` offers: the agent, the searches, and one
+uniform plan per precision (the usual "build with INT8 enabled")."""
 
 
 def _uniform_seeds(space: SearchSpace) -> list[str]:
     """The lower precisions some layer of the space offers, INT8 first: each becomes one all-that-precision trial."""
     return [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in choices for choices in space.choices)]
-
-
-class StoreEstimates:
-    """Per-layer estimates fitted from the store, refitted every ``every`` new trials."""
-
-    def __init__(self, store: TrialStore, layer_names: list[str], every: int = 5):
-        self.store = store
-        self.layer_names = layer_names
-        self.every = every
-        self._fitted_at = -every
-        self._estimates: LayerEstimates | None = None
-
-    def __call__(self) -> LayerEstimates | None:
-        """The current estimates, or None while there are too few trials."""
-        count = len(self.store)
-        if count - self._fitted_at >= self.every:
-            trials = dominant_setting(self.store.trials(), (CALIBRATION_KNOB, GRANULARITY_KNOB))
-            self._estimates = fit_additive(self.layer_names, trials)
-            self._fitted_at = count
-        return self._estimates
 
 
 def run_search(
@@ -139,14 +112,13 @@ def run_search(
 ) -> None:
     """Runs one search strategy until the build budget is spent."""
     if strategy == "ppo":
-        from autotune.search.ppo import train
+        from autotune.agent import train
 
-        estimates = StoreEstimates(evaluator.store, space.layer_names)
-        defaults = {knob.name: knob.default for knob in space.knobs}
-
-        def surrogate() -> Surrogate | None:
-            return fit_surrogate(evaluator.store.trials(), defaults, (CALIBRATION_KNOB, GRANULARITY_KNOB))
-
+        fitted = RefittedEstimates(
+            lambda: list(evaluator.store.trials()),
+            space.layer_names,
+            {knob.name: knob.default for knob in space.knobs},
+        )
         train(
             config,
             space,
@@ -155,25 +127,19 @@ def run_search(
             run.tensorboard,
             run.checkpoints,
             resume,
-            estimates,
-            surrogate,
+            fitted.estimates,
+            fitted.surrogate,
         )
         return
-    from autotune.search import strategies
-
-    context = strategies.SearchContext(
+    context = SearchContext(
         config, space, evaluate, lambda: evaluator.builds, seed=config.seed, stall=config.budget.stall_episodes
     )
-    if strategy in FIXED_STRATEGIES:
-        strategies.search_fixed(context, strategy)
-    elif strategy == "random":
-        strategies.search_random(context)
-    elif strategy == "greedy":
-        strategies.search_greedy(context)
-    elif strategy == "optuna":
-        strategies.search_optuna(context)
+    if strategy in PRECISIONS:
+        search_fixed(context, strategy)
+    elif strategy in SEARCHES:
+        SEARCHES[strategy](context)
     else:
-        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(strategies.STRATEGIES)}")
+        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
 
 
 def tune(
@@ -189,7 +155,7 @@ def tune(
     Args:
         config: The run's config (not needed with ``resume_dir``).
         resume_dir: A run directory to continue; its trials are reused, none is measured twice.
-        strategy: ``ppo``.
+        strategy: One of ``STRATEGIES``: ``ppo`` (the agent), a search, or a precision (one uniform plan).
         isolate: Run trials in a child process.
         progress: Show a progress bar.
 
@@ -205,7 +171,9 @@ def tune(
     # leaves nothing behind that a resume would trust.
     model, space = analyze(config)
     check_data(config, model)
-    if strategy in ("fp16", "bf16", "fp8") and space.uniform(strategy) == space.uniform("fp32"):
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
+    if strategy in PRECISIONS and strategy != "fp32" and space.uniform(strategy) == space.uniform("fp32"):
         raise ConfigError(f"strategy {strategy}: the {config.backend.name} backend offers no {strategy} layer here")
     if resume_dir is None:
         run = RunDir.create(config)
@@ -227,7 +195,7 @@ def tune(
                     return result
 
                 try:
-                    if strategy not in FIXED_STRATEGIES:
+                    if strategy not in PRECISIONS:
                         # The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16)
                         # are the first trials of every search: the references a user compares against, and data
                         # points for the per-layer estimates.

@@ -245,7 +245,7 @@ def run_config(
     """Measures every plan of one config, appending a row per plan to ``results`` and writing it out."""
     from autotune.api import analyze, resolve_plan
     from autotune.config import load_config
-    from autotune.evaluate import Evaluator
+    from autotune.harness import Evaluator
     from autotune.measure import Protocol
     from autotune.store import TrialStore
 

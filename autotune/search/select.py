@@ -37,3 +37,13 @@ def confirmation_order(results: Iterable[TrialResult], config: TuneConfig) -> li
         reverse=True,
     )
     return front + rest
+
+
+def ranking(confirmed: list[TrialResult], accuracy_budget: float) -> list[TrialResult]:
+    """Confirmed plans, best first: within budget by speedup, then the rest by drop."""
+    within = sorted((r for r in confirmed if meets_budget(r, accuracy_budget)), key=lambda r: -(r.speedup or 0))
+    others = sorted(
+        (r for r in confirmed if not meets_budget(r, accuracy_budget)),
+        key=lambda r: (not r.ok, r.accuracy_drop if r.accuracy_drop is not None else float("inf")),
+    )
+    return within + others

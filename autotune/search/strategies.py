@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.config import TuneConfig
+from autotune.extras import require
 from autotune.plan import Plan
 from autotune.search.episode import decisions, plan_from_actions
 from autotune.search.reward import meets_budget, reward
@@ -127,8 +128,7 @@ def search_greedy(context: SearchContext) -> None:
 
 def search_optuna(context: SearchContext) -> None:
     """Optuna's TPE through ask-and-tell: one categorical per decision, the accuracy budget as a constraint."""
-    import optuna
-
+    optuna = require("optuna", "optuna", "the optuna strategy")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = context.space
     steps = decisions(space)
@@ -151,4 +151,10 @@ def search_optuna(context: SearchContext) -> None:
         study.tell(trial, math.log(result.speedup))
 
 
-STRATEGIES = ("ppo", "random", "greedy", "optuna", "fp32", "int8", "fp16")
+SEARCHES: dict[str, Callable[[SearchContext], None]] = {
+    "random": search_random,
+    "greedy": search_greedy,
+    "optuna": search_optuna,
+}
+"""The search strategies by name; each precision is a strategy too (``search_fixed``), and the agent lives above
+them (``autotune.agent``): ``autotune.tune.STRATEGIES`` lists them all."""

@@ -44,20 +44,20 @@ def test_int8_matmuls_fuse_into_integer_kernels(tiny):
 
 def test_build_runs_and_rejects_bad_models(tiny):
     backend = OnnxRuntimeCPU()
-    session = backend.build(tiny.proto, {})
-    out = backend.run(session, {"x": np.zeros((16, 32), np.float32)})
+    session = backend.build_graph(tiny.proto, {})
+    out = backend.run_engine(session, {"x": np.zeros((16, 32), np.float32)})
     assert out[0].shape == (16, 10)
     broken = onnx.ModelProto()
     broken.CopyFrom(tiny.proto)
     broken.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(BuildError, match="could not create a session"):
-        backend.build(broken, {})
+        backend.build_graph(broken, {})
     with pytest.raises(BuildError, match="graph_optimization_level"):
-        backend.build(tiny.proto, {"graph_optimization_level": "ludicrous"})
+        backend.build_graph(tiny.proto, {"graph_optimization_level": "ludicrous"})
 
 
 def test_profile_gives_shares_of_fp32_runtime(tiny):
-    shares = OnnxRuntimeCPU().profile(tiny.proto, {"x": np.ones((16, 32), np.float32)}, tiny.layer_names)
+    shares = OnnxRuntimeCPU().profile(tiny, {"x": np.ones((16, 32), np.float32)})
     assert set(shares) == set(tiny.layer_names)
     assert all(0 < share < 1 for share in shares.values())
     assert sum(shares.values()) < 1

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from autotune.config import load_config
-from autotune.evaluate import load_model
+from autotune.harness import load_model
 from autotune.plan import Plan
 from autotune.quant.recipe import ORT_X86
 from autotune.quant.rewrite import rewrite

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.evaluate import Evaluator
+from autotune.harness import Evaluator
 
 
 @pytest.fixture

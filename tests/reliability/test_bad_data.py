@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.evaluate import SetupError, TrialRunner
+from autotune.harness import SetupError, TrialRunner
 from autotune.testing import tiny_config, write_tiny_project
 from tests.reliability.helpers import cli, write_config
 

@@ -16,11 +16,12 @@ from onnx import TensorProto, helper, numpy_helper
 from autotune.backends.base import Capabilities, Knob
 from autotune.backends.onnxruntime import OnnxRuntimeCPU
 from autotune.config import SearchSpaceConfig
-from autotune.model import TUNABLE_OP_TYPES, Layer, prepare_model
-from autotune.plan import PRECISIONS, Plan
+from autotune.model import Layer, prepare_model
+from autotune.optypes import TUNABLE_OP_TYPES
+from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, PRECISIONS, Plan
 from autotune.quant.recipe import ORT_X86, TENSORRT
 from autotune.quant.rewrite import required_ranges, rewrite
-from autotune.search.space import CALIBRATION_KNOB, GRANULARITY_KNOB, build_space
+from autotune.search.space import build_space
 from autotune.testing import synthetic_evaluator
 from envs.engine_build import EngineBuildEnv
 
@@ -166,10 +167,10 @@ def test_rewriter_output_passes_the_full_checker_and_runs_in_ort(model, data):
     assert [o.name for o in typed.graph.output] == [o.name for o in loaded.proto.graph.output]
     backend = OnnxRuntimeCPU(intra_op_threads=1)
     level = data.draw(st.sampled_from(["all", "extended", "basic"]), label="graph_optimization_level")
-    session = backend.build(typed, {"graph_optimization_level": level})
+    session = backend.build_graph(typed, {"graph_optimization_level": level})
     feeds = {"x": np.random.default_rng(0).standard_normal(loaded.inputs[0].shape).astype(np.float32)}
-    got = backend.run(session, feeds)
-    want = backend.run(backend.build(loaded.proto, {}), feeds)
+    got = backend.run_engine(session, feeds)
+    want = backend.run_engine(backend.build_graph(loaded.proto, {}), feeds)
     assert [g.shape for g in got] == [w.shape for w in want]
     assert all(g.dtype == np.float32 for g in got)
     if "int8" not in precisions.values():  # fp16 layers compute the same function, to fp16 rounding

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.api import analyze
-from autotune.evaluate import Evaluator, SetupError
+from autotune.harness import Evaluator, SetupError
 from autotune.search.episode import decisions, plan_from_actions
 from autotune.store import TrialStore
 from autotune.trial import FAILED, OK, TIMEOUT

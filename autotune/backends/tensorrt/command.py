@@ -3,7 +3,7 @@
 Pure: nothing here imports TensorRT. Enum members are always handled by *name* and turned into numbers from
 the installed version's own members, because 11.0 renumbered ``TacticSource`` (10.x: CUBLAS=0, CUBLAS_LT=1,
 CUDNN=2, EDGE_MASK_CONVOLUTIONS=3, JIT_CONVOLUTIONS=4; 11.x: EDGE_MASK_CONVOLUTIONS=0, JIT_CONVOLUTIONS=1) and
-a mask saved under one version is wrong under the other (tensorrt.md, section 1).
+a mask saved under one version is wrong under the other.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.config import TILING_LEVELS
 from autotune.plan import KnobValue
 
 WORKSPACE_KNOB = "workspace_mib"
@@ -26,9 +27,6 @@ DEFAULT_TACTIC_SOURCES = ("EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")
 
 TACTIC_SOURCES_10 = ("CUBLAS", "CUBLAS_LT", "CUDNN", "EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")
 TACTIC_SOURCES_11 = ("EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS")
-
-TILING_LEVELS = ("NONE", "FAST", "MODERATE", "FULL")
-"""``TilingOptimizationLevel`` member names in trtexec's ``--tilingOptimizationLevel=0..3`` order."""
 
 AUTO = -1
 """Knob value for ``max_num_tactics`` / ``max_aux_streams``: leave TensorRT's heuristic."""
@@ -153,6 +151,7 @@ def trtexec_command(
         level = str(knobs[TILING_KNOB])
         if level not in TILING_LEVELS:
             raise ValueError(f"tiling_optimization_level {level!r} is not one of {TILING_LEVELS}")
+        # TILING_LEVELS lists the members in value order, which is trtexec's 0..3.
         args.append(f"--tilingOptimizationLevel={TILING_LEVELS.index(level)}")
     if AUX_STREAMS_KNOB in knobs and int(knobs[AUX_STREAMS_KNOB]) != AUTO:
         args.append(f"--maxAuxStreams={int(knobs[AUX_STREAMS_KNOB])}")

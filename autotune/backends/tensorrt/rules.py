@@ -23,8 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-"""The tunable op types whose precision a plan chooses."""
+from autotune.optypes import TUNABLE_OP_TYPES
 
 FLOAT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 """Types a QuantizeLinear may read and a DequantizeLinear may write."""
@@ -35,7 +34,7 @@ QUANTIZED_TYPES = {TensorProto.INT8: "int8", TensorProto.FLOAT8E4M3FN: "fp8", Te
 SUPPORTED_DQ_CONSUMERS = frozenset(
     {
         # Weighted ops: TensorRT fuses DQ(activation) + DQ(weight) into one quantized kernel.
-        *COMPUTE_OPS,
+        *TUNABLE_OP_TYPES,
         # Ops with INT8 implementations or that fuse into a quantized kernel (residual Add, BN, clip).
         "Add",
         "Mul",
@@ -342,7 +341,7 @@ def requested_precisions(model: onnx.ModelProto, node_names: Iterable[str] | Non
     wanted = set(node_names) if node_names is not None else None
     requested: dict[str, str] = {}
     for node in model.graph.node:
-        if node.op_type not in COMPUTE_OPS or (wanted is not None and node.name not in wanted):
+        if node.op_type not in TUNABLE_OP_TYPES or (wanted is not None and node.name not in wanted):
             continue
         found = [_input_precision(graph, name) for name in node.input[:2] if name]
         precisions = [p for p in found if p is not None]

@@ -16,19 +16,21 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
-from autotune.backends import BackendUnavailable, get_backend
+from autotune.backends import BackendUnavailable, GraphArtifact, get_backend
 from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.backends.tensorrt import CudaRuntime, TensorRTBackend, TensorRTEngine, _Tensor, import_cudart
-from autotune.backends.trt_inspect import PrecisionReport
-from autotune.config import BackendConfig, dump_config
+from autotune.backends.tensorrt import CudaRuntime, TensorRTBackend, TensorRTEngine, import_cudart
+from autotune.backends.tensorrt.engine import _Tensor
+from autotune.backends.tensorrt.inspect import PrecisionReport
+from autotune.config import BackendConfig, ConfigError, dump_config
 from autotune.measure import Protocol, interleaved
 from autotune.testing import tiny_config
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # ---- without TensorRT --------------------------------------------------------------------------------------
@@ -36,8 +38,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_importing_autotune_and_the_backend_does_not_import_tensorrt_or_cuda():
     code = (
-        "import sys, autotune, autotune.backends, autotune.backends.tensorrt, autotune.backends.trt_inspect, "
-        "autotune.backends.trt_rules, autotune.backends.trt_command\n"
+        "import sys, autotune, autotune.backends, autotune.backends.tensorrt, autotune.backends.tensorrt.backend, "
+        "autotune.backends.tensorrt.inspect, autotune.backends.tensorrt.rules, autotune.backends.tensorrt.command, "
+        "autotune.backends.tensorrt.options, autotune.backends.tensorrt.cuda, autotune.backends.tensorrt.engine\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorrt', 'tensorrt_bindings', 'cuda'))\n"
         "assert not loaded, loaded\n"
     )
@@ -65,9 +68,10 @@ def test_cli_tune_on_tensorrt_exits_2_with_the_install_hint(tmp_path, capsys):
     assert not (tmp_path / "runs" / "tiny").exists()  # nothing left behind that a resume would trust
 
 
-def test_bad_options_fail_before_importing_tensorrt():
-    with pytest.raises(ValueError, match="unknown backend.options"):
-        get_backend(BackendConfig(name="tensorrt", options={"worksapce_ladder_mib": [1]}))
+def test_bad_options_fail_before_importing_tensorrt(tmp_path):
+    # The config validates backend.options: a typo fails there, before get_backend imports TensorRT.
+    with pytest.raises(ConfigError, match=r"backend\.options\.worksapce_ladder_mib: unknown key"):
+        tiny_config(tmp_path, backend={"name": "tensorrt", "options": {"worksapce_ladder_mib": [1]}})
 
 
 # ---- the timing hook (any backend) --------------------------------------------------------------------------
@@ -77,7 +81,8 @@ def test_default_time_run_times_run_and_the_protocol_uses_returned_ms():
     backend = OnnxRuntimeCPU(intra_op_threads=1)
     from autotune.testing import tiny_mlp
 
-    session = backend.build(tiny_mlp(), {})
+    graph = tiny_mlp()
+    session = GraphArtifact(graph, backend.build_graph(graph, {}))
     assert 0 < backend.time_run(session, {"x": np.zeros((16, 32), np.float32)}) < 10_000
 
     calls = []
@@ -154,11 +159,11 @@ def test_cuda_buffers_stream_and_events_run_and_time(cuda):
         end=cuda.event(),
     )
     x = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)
-    (y,) = backend.run(artifact, {"x": x})
+    (y,) = backend.run_engine(artifact, {"x": x})
     np.testing.assert_array_equal(y, x)
-    elapsed = [backend.time_run(artifact, {"x": x}) for _ in range(5)]
+    elapsed = [backend.time_run(GraphArtifact(onnx.ModelProto(), artifact), {"x": x}) for _ in range(5)]
     assert all(0 < ms < 1000 for ms in elapsed), elapsed
-    (y,) = backend.run(artifact, {"x": x[:128]})  # a smaller batch reuses the buffers
+    (y,) = backend.run_engine(artifact, {"x": x[:128]})  # a smaller batch reuses the buffers
     np.testing.assert_array_equal(y, x[:128])
     artifact.close()
     assert artifact.tensors["x"].pointer == 0 and artifact.stream is None
@@ -184,7 +189,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.tensorrt
 def test_build_verify_run_time_and_export_on_tensorrt(trt_backend, tmp_path):
-    from autotune.evaluate import TrialRunner
+    from autotune.harness import TrialRunner
 
     config = tiny_config(tmp_path, backend={"name": "tensorrt", "timeout_s": 300})
     runner = TrialRunner(config)
@@ -196,8 +201,8 @@ def test_build_verify_run_time_and_export_on_tensorrt(trt_backend, tmp_path):
     for precision in ("fp32", "fp16", "int8"):
         plan = runner.space.uniform(precision)
         typed = runner.typed_model(plan)
-        artifact = runner.backend.build(typed, plan.knob_map, config.run_dir)
-        report = artifact.report
+        artifact = GraphArtifact(typed, runner.backend.build_graph(typed, plan.knob_map, config.run_dir))
+        report = artifact.engine.report
         assert report.mismatches == [], [c.describe() for c in report.mismatches]
         for check in report.checks:
             assert check.observed in (None, check.requested), check.describe()

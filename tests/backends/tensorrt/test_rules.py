@@ -1,4 +1,4 @@
-"""TensorRT's Q/DQ rules (autotune.backends.trt_rules) on graphs the rewriter writes and on hand-broken ones.
+"""TensorRT's Q/DQ rules (autotune.backends.tensorrt.rules) on graphs the rewriter writes and on hand-broken ones.
 
 The TENSORRT-recipe graphs also run on ONNX Runtime CPU and must match an independent numpy fake-quant
 reference written from the plan (not from the graph), so what TensorRT is given computes what the plan means.
@@ -15,7 +15,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.backends.trt_rules import QDQError, check_qdq, qdq_problems, requested_precisions
+from autotune.backends.tensorrt.rules import QDQError, check_qdq, qdq_problems, requested_precisions
 from autotune.model import InputSpec, LoadedModel, prepare_model
 from autotune.plan import Plan
 from autotune.quant.qparams import activation_qparams, fake_quant, quantize_weight

@@ -1,11 +1,11 @@
-"""Tests for autotune.search.ppo beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
+"""Tests for autotune.agent beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
 
 from __future__ import annotations
 
 import pytest
 
+from autotune.agent import LATEST, train
 from autotune.search.design import model_best_plan, probe_plans
-from autotune.search.ppo import LATEST, train
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 
 

@@ -1,8 +1,8 @@
 """Golden tests of the knob -> IBuilderConfig mapping and of the trtexec command, for TensorRT 10.x and 11.x.
 
 A fake ``trt`` module (``enum.IntEnum`` members exposing ``__members__``) stands in for each version; the 11.x
-member values are checked against the real 11.4 bindings in test_tensorrt_api.py, the 10.x ones come from
-NvInfer.h v10.16 (tensorrt.md, section 1).
+member values are checked against the real 11.4 bindings in test_api.py, the 10.x ones come from
+NvInfer.h v10.16.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pytest
 from autotune.backends import BuildError
 from autotune.backends.base import Capabilities
 from autotune.backends.tensorrt import (
-    TensorRTOptions,
     builder_knobs,
     configure_builder,
     network_flags,
@@ -26,8 +25,8 @@ from autotune.backends.tensorrt import (
     profile_shapes,
     supported_precisions,
 )
-from autotune.backends.trt_command import shell_script, tactic_mask, tactic_source_values, trtexec_command
-from autotune.config import SearchSpaceConfig
+from autotune.backends.tensorrt.command import shell_script, tactic_mask, tactic_source_values, trtexec_command
+from autotune.config import BackendConfig, SearchSpaceConfig, TensorRTOptions, parse_config
 from autotune.model import InputSpec, prepare_model
 from autotune.search.space import build_space
 from autotune.testing import tiny_mlp
@@ -230,10 +229,24 @@ def test_knobs_follow_what_the_version_has():
     assert old == {"tactic_sources", "workspace_mib", "builder_optimization_level"}
 
 
-def test_options_override_ladders_and_reject_unknown_keys():
-    options = TensorRTOptions.from_mapping(
-        {"workspace_ladder_mib": [512, 2048], "builder_optimization_levels": [5], "strict_precision": False}
+def _parse_options(options: dict) -> TensorRTOptions:
+    """``backend.options`` of a whole config, as the CLI and the API validate it (errors name the key path)."""
+    config = parse_config(
+        {
+            "name": "trt",
+            "model": {"onnx": "model.onnx"},
+            "data": {"calibration": {"random": 1}, "evaluation": {"random": 1}},
+            "backend": {"name": "tensorrt", "options": options},
+        }
     )
+    return config.backend.options
+
+
+def test_options_override_ladders_and_reject_unknown_keys():
+    options = BackendConfig(
+        name="tensorrt",
+        options={"workspace_ladder_mib": [512, 2048], "builder_optimization_levels": [5], "strict_precision": False},
+    ).options
     assert options.workspace_ladder_mib == (512, 2048) and options.builder_optimization_levels == (5,)
     assert options.strict_precision is False and options.avg_timing_iterations == 4
     for bad in (
@@ -244,8 +257,8 @@ def test_options_override_ladders_and_reject_unknown_keys():
         {"tiling_optimization_levels": ["HIGH"]},
         {"strict_precision": "no"},
     ):
-        with pytest.raises(ValueError, match="backend.options"):
-            TensorRTOptions.from_mapping(bad)
+        with pytest.raises(ValueError, match=rf"backend\.options\.{next(iter(bad))}"):
+            _parse_options(bad)
 
 
 def test_capabilities_make_a_search_space():

@@ -12,8 +12,8 @@ import logging
 import pytest
 
 from autotune.backends import BuildError
-from autotune.backends.tensorrt import TensorRTBackend, TensorRTOptions
-from autotune.backends.trt_inspect import (
+from autotune.backends.tensorrt import TensorRTBackend
+from autotune.backends.tensorrt.inspect import (
     InspectorFormatError,
     check_precisions,
     normalize_dtype,
@@ -21,6 +21,7 @@ from autotune.backends.trt_inspect import (
     parse_engine_info,
     summarize,
 )
+from autotune.config import TensorRTOptions
 
 REQUESTED = {"fc1": "int8", "fc2": "fp16", "fc3": "int8", "head": "fp32"}
 US = "\x1f"  # TensorRT joins the ONNX nodes of a fused layer with the ASCII unit separator

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import TuneConfig
+from autotune.files import atomic_write
 from autotune.plan import Plan
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import Surrogate
@@ -24,9 +25,7 @@ def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) ->
     checkpoints.mkdir(parents=True, exist_ok=True)
     if builds is not None:
         model.save(checkpoints / f"ppo_{builds}_builds.zip")
-    tmp = checkpoints / ".latest.tmp.zip"
-    model.save(tmp)
-    tmp.replace(checkpoints / LATEST)
+    atomic_write(checkpoints / LATEST, model.save)
 
 
 def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: Path, monitor_builds_start: int) -> Any:
@@ -111,7 +110,7 @@ def train(
     from stable_baselines3.common.logger import configure
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from envs.engine_build import EngineBuildEnv
+    from envs.engine_build import EngineBuildEnv  # the env is a shell over autotune.search; only the agent uses it
 
     def make_env(score: Callable[[Plan], TrialResult]) -> Callable[[], EngineBuildEnv]:
         return lambda: EngineBuildEnv(

@@ -2,7 +2,7 @@
 
 TensorRT itself cannot be installed here, but its bindings wheel (``tensorrt-cu13-bindings==11.4.0.106``,
 1.3 MB, no dependencies) can: its ``tensorrt.so`` imports against three tiny stub libraries
-(``trt_stubs/*.c``, compiled with gcc here) that define only the C entry points it links to. The bindings are
+(``stubs/*.c``, compiled with gcc here) that define only the C entry points it links to. The bindings are
 imported in a subprocess with ``LD_LIBRARY_PATH`` pointing at the stubs, and every ``trt.`` attribute chain found
 in the backend's source by ``ast`` (no hand-kept list) is resolved there.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BACKEND_DIR = REPO / "autotune" / "backends"
-STUBS = Path(__file__).resolve().parent / "trt_stubs"
+REPO = Path(__file__).resolve().parents[3]
+BACKEND_DIR = REPO / "autotune" / "backends" / "tensorrt"
+STUBS = Path(__file__).resolve().parent / "stubs"
 BINDINGS_DIST = "tensorrt_cu13_bindings"
 BINDINGS_VERSION = "11.4.0.106"
 INSTALL_LINE = f"pip install --no-deps tensorrt-cu13-bindings=={BINDINGS_VERSION}"
@@ -137,8 +137,8 @@ def trt_uses(source: str, filename: str = "<source>") -> list[Use]:
 
 
 def backend_sources() -> dict[str, str]:
-    """The TensorRT backend's modules, found by name, not listed."""
-    files = [BACKEND_DIR / "tensorrt.py", *sorted(BACKEND_DIR.glob("trt_*.py"))]
+    """The TensorRT backend's modules: every module of its package, found by globbing, not listed."""
+    files = sorted(BACKEND_DIR.glob("*.py"))
     return {str(path.relative_to(REPO)): path.read_text() for path in files if path.is_file()}
 
 
@@ -180,7 +180,7 @@ def _bindings_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def stub_libs(tmp_path_factory) -> Path:
-    """The three stub libraries, compiled from trt_stubs/*.c into a temporary folder."""
+    """The three stub libraries, compiled from stubs/*.c into a temporary folder."""
     _bindings_dir()
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
@@ -294,7 +294,7 @@ def test_walker_finds_chains_through_aliases():
 
 
 def test_golden_fakes_match_the_real_11_4_enums(resolve):
-    from tests.backends.test_tensorrt_config import ENUMS_11
+    from tests.backends.tensorrt.test_config import ENUMS_11
 
     real = resolve([], tuple(ENUMS_11))
     assert real["version"] == BINDINGS_VERSION

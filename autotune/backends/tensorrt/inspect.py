@@ -11,8 +11,8 @@ trtexec's ``--exportLayerInfo``) of an engine built with ``ProfilingVerbosity.DE
 With LAYER_NAMES_ONLY verbosity ``Layers`` is a list of names and nothing can be checked. Engine layers point
 back to the ONNX nodes they were made from through ``Metadata`` entries ``[ONNX Layer: <node name>]``, joined
 with the ASCII separators ``\x1f`` (nodes fused into one layer) and ``\x1e``. A TensorRT 11 build silently
-keeping a layer in FP32 is a known failure (tensorrt.md, section 4), so a requested precision that did not land
-is reported, not assumed.
+keeping a layer in FP32 is a known failure (docs/tensorrt.md, "What a build does"), so a requested precision
+that did not land is reported, not assumed.
 """
 
 from __future__ import annotations
@@ -357,7 +357,7 @@ def check_precisions(info: EngineInfo, requested: Mapping[str, str]) -> Precisio
 
     Args:
         info: The parsed inspector output.
-        requested: ONNX node name to requested precision (``trt_rules.requested_precisions``).
+        requested: ONNX node name to requested precision (``rules.requested_precisions``).
 
     Returns:
         One check per requested node, in the order given.

@@ -1,0 +1,130 @@
+"""The deployable files of a tuned module, and ``load_exported`` that rebuilds the module from them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.torch.device import DeviceInfo
+from autotune.backends.torch.modules import ModuleChoice, rewrite_module
+from autotune.backends.torch.runtime import TorchArtifact
+from autotune.files import atomic_write
+from autotune.plan import Plan
+
+if TYPE_CHECKING:
+    from autotune.model import InputSpec
+
+log = logging.getLogger(__name__)
+
+REBUILD_SCRIPT = '''"""Rebuilds the tuned PyTorch module saved in this directory.
+
+    python rebuild.py [cuda|cpu]
+
+Needs autotune and the model's factory ({factory}) importable. In Python:
+
+    from autotune.backends.torch import load_exported
+    module = load_exported("{out_dir}", "cuda")
+"""
+
+import sys
+from pathlib import Path
+
+from autotune.backends.torch import load_exported
+
+
+def rebuild(device: str = "cuda"):
+    """The rewritten module with its quantized weights and static scales, on ``device``, in eval mode."""
+    return load_exported(Path(__file__).resolve().parent, device)
+
+
+if __name__ == "__main__":
+    print(rebuild(sys.argv[1] if len(sys.argv) > 1 else "cuda"))
+'''
+"""``rebuild.py`` of an export; ``{factory}`` and ``{out_dir}`` are filled in."""
+
+
+def write_export(
+    artifact: TorchArtifact,
+    plan: Plan,
+    out_dir: Path,
+    factory: str,
+    inputs: Sequence[InputSpec],
+    info: DeviceInfo,
+) -> list[Path]:
+    """Writes the loadable module and how to rebuild it; returns the paths, ``module_state.pt`` first.
+
+    Files: ``module_state.pt`` (the rewritten module's state dict), ``rebuild.py``, ``manifest.json`` (factory,
+    inputs, precision per module, knobs), ``plan.json``, and ``exported.pt2`` from ``torch.export`` where it
+    works (else ``export_notes.txt`` says why not).
+
+    Args:
+        artifact: The built plan.
+        plan: The plan it was built from.
+        out_dir: Where the files go (created).
+        factory: ``model.torch``, which ``load_exported`` calls for the FP32 module.
+        inputs: The model's inputs.
+        info: The device it was built for.
+    """
+    import torch
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().cpu() for name, tensor in artifact.module.state_dict().items()}
+    files = [atomic_write(out_dir / "module_state.pt", lambda tmp: torch.save(state, tmp))]
+    files.append(atomic_write(out_dir / "rebuild.py", REBUILD_SCRIPT.format(factory=factory, out_dir=out_dir)))
+    manifest = {
+        "factory": factory,
+        "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in inputs],
+        "modules": artifact.choices,
+        "fp8_scaling": info.fp8_scaling,
+        "knobs": artifact.knobs,
+        "plan_hash": plan.hash,
+        "torch_version": info.torch_version,
+        "device": info.to_dict(),
+    }
+    files.append(atomic_write(out_dir / "manifest.json", json.dumps(manifest, indent=2)))
+    files.append(atomic_write(out_dir / "plan.json", plan.to_json(indent=2)))
+    exported, notes = out_dir / "exported.pt2", out_dir / "export_notes.txt"
+    try:
+        with torch.no_grad():
+            program = torch.export.export(artifact.module, tuple(artifact.inputs))
+        # torch.export.save checks the suffix: atomic_write's temporary path keeps .pt2
+        files.append(atomic_write(exported, lambda tmp: torch.export.save(program, str(tmp))))
+        notes.unlink(missing_ok=True)
+    except Exception as error:  # noqa: BLE001 - torch.export fails in many ways; the state dict still loads
+        log.info("torch.export failed: %s", error)
+        exported.unlink(missing_ok=True)
+        text = f"torch.export.export failed, so there is no exported.pt2; rebuild.py still works.\n{error}\n"
+        files.append(atomic_write(notes, text))
+    return files
+
+
+def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
+    """Rebuilds the module ``TorchBackend.export`` wrote: the factory's module, rewritten, with the saved state.
+
+    Args:
+        out_dir: The export directory (``manifest.json``, ``module_state.pt``).
+        device: Where to put the module.
+
+    Returns:
+        The rewritten ``nn.Module`` in eval mode; call it like the factory's module.
+    """
+    import torch
+
+    from autotune.model import resolve_callable
+
+    out_dir = Path(out_dir)
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    module = resolve_callable(manifest["factory"])()
+    # Placeholder scales: the saved state holds the real ones.
+    choices = {
+        path: ModuleChoice(precision, (0.0, 1.0) if precision in ("int8", "fp8") else None)
+        for path, precision in manifest["modules"].items()
+    }
+    module = rewrite_module(module, choices, per_channel=True, fp8_scaling=manifest.get("fp8_scaling"))
+    state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
+    module.load_state_dict(state, strict=True)
+    return module.to(device).eval()

@@ -1,0 +1,147 @@
+"""What each module of a plan runs in, and the rewrite that puts its wrapper (``wrappers.py``) in its place."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.backends.base import BuildError
+from autotune.backends.torch.wrappers import wrappers
+from autotune.plan import Plan
+from autotune.quant.qparams import activation_qparams, fp8_activation_scale
+
+if TYPE_CHECKING:
+    from autotune.model import Layer
+
+
+@dataclass(frozen=True)
+class ModuleChoice:
+    """What one module runs in.
+
+    Attributes:
+        precision: ``fp16``, ``bf16``, ``int8`` or ``fp8``.
+        activation_range: Calibrated ``(lo, hi)`` of the module's input (int8 and fp8).
+    """
+
+    precision: str
+    activation_range: tuple[float, float] | None = None
+
+
+def activation_scale(lo: float, hi: float, precision: str) -> float:
+    """The static activation scale of a calibrated range: symmetric int8 (``amax / 127``) or e4m3 (``amax / 448``)."""
+    if precision == "int8":
+        return float(activation_qparams(lo, hi, "int8")[0])
+    if precision == "fp8":
+        return float(fp8_activation_scale(lo, hi))
+    raise ValueError(f"{precision} has no activation scale")
+
+
+def module_choices(
+    plan: Plan,
+    layers: Sequence[Layer],
+    bindings: Mapping[str, str],
+    ranges: Mapping[str, tuple[float, float]],
+    layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+) -> dict[str, ModuleChoice]:
+    """Module path -> what it runs in, for the modules a plan takes out of FP32. Pure.
+
+    A module called from several places (several ONNX layers) needs one precision; its activation range is the
+    union of the calls' ranges. ``layer_ranges`` replaces ``ranges`` for the layers it names.
+
+    Raises:
+        BuildError: A non-FP32 layer has no module, a shared module gets two precisions, or a range is missing.
+    """
+    precisions = plan.precision_map
+    calls: dict[str, list[Layer]] = {}
+    for layer in layers:
+        precision = precisions.get(layer.name, "fp32")
+        if layer.name not in bindings:
+            if precision != "fp32":
+                raise BuildError(f"layer {layer.name} has no module to run in {precision}")
+            continue
+        calls.setdefault(bindings[layer.name], []).append(layer)
+    choices = {}
+    for path, group in calls.items():
+        chosen = {precisions.get(layer.name, "fp32") for layer in group}
+        if len(chosen) > 1:
+            names = ", ".join(f"{layer.name}={precisions.get(layer.name, 'fp32')}" for layer in group)
+            raise BuildError(f"module {path!r} runs several layers that need one precision: {names}")
+        precision = chosen.pop()
+        if precision == "fp32":
+            continue
+        span = None
+        if precision in ("int8", "fp8"):
+            found = []
+            for layer in group:
+                tensor = layer.activation_inputs[0]
+                own = (layer_ranges or {}).get(layer.name, ranges)
+                if tensor not in own:
+                    raise BuildError(f"no calibrated range for {tensor!r}, the input of {layer.name}")
+                found.append(own[tensor])
+            span = (min(float(lo) for lo, _ in found), max(float(hi) for _, hi in found))
+        choices[path] = ModuleChoice(precision, span)
+    return choices
+
+
+def _replace(root: Any, path: str, new: Any) -> Any:
+    """Puts ``new`` at ``path`` in ``root``; returns the (possibly new) root."""
+    if not path:
+        return new
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, new)
+    return root
+
+
+def _wrap(module: Any, choice: ModuleChoice, per_channel: bool, fp8_scaling: str | None) -> Any:
+    import torch
+    from torch import nn
+
+    modules = wrappers()
+    if choice.precision in ("fp16", "bf16"):
+        return modules.CastLayer(module, torch.float16 if choice.precision == "fp16" else torch.bfloat16)
+    if not isinstance(module, nn.Linear):
+        raise BuildError(f"{choice.precision} is for nn.Linear only, not {type(module).__name__}")
+    lo, hi = choice.activation_range if choice.activation_range is not None else (0.0, 0.0)
+    scale = activation_scale(lo, hi, choice.precision)
+    if choice.precision == "int8":
+        return modules.Int8Linear.from_linear(module, scale, per_channel)
+    if choice.precision == "fp8":
+        if fp8_scaling is None:
+            raise BuildError("fp8 needs torch._scaled_mm and torch.float8_e4m3fn, which this torch lacks")
+        return modules.Fp8Linear.from_linear(module, scale, per_channel, fp8_scaling)
+    raise BuildError(f"the torch backend has no precision {choice.precision!r}")
+
+
+def rewrite_module(
+    module: Any,
+    choices: Mapping[str, ModuleChoice],
+    per_channel: bool = True,
+    fp8_scaling: str | None = "rowwise",
+) -> Any:
+    """A deep copy of ``module`` with each chosen module replaced by its wrapper; ``module`` is left as it was.
+
+    Args:
+        module: The FP32 ``nn.Module``.
+        choices: Module path -> what it runs in (``module_choices``).
+        per_channel: INT8/FP8 weight scales per output channel, else one per tensor.
+        fp8_scaling: ``rowwise`` or ``tensorwise`` (``DeviceInfo.fp8_scaling``).
+
+    Raises:
+        BuildError: A module cannot take its precision.
+    """
+    rewritten = copy.deepcopy(module)
+    for path, choice in choices.items():
+        try:
+            target = rewritten.get_submodule(path) if path else rewritten
+        except AttributeError as error:
+            raise BuildError(f"no module {path!r} to rewrite: {error}") from error
+        try:
+            rewritten = _replace(rewritten, path, _wrap(target, choice, per_channel, fp8_scaling))
+        except BuildError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a wrapper that fails to build is a failed build
+            raise BuildError(f"{path}: {type(error).__name__}: {error}") from error
+    return rewritten

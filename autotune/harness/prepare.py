@@ -1,0 +1,170 @@
+"""What a run prepares once, before any trial: model, search space, data, calibration.
+
+Every function raises ``SetupError`` with a message a user can act on: a run that cannot start builds nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.backends import Backend
+from autotune.config import TuneConfig
+from autotune.data import Dataset
+from autotune.model import InputSpec, LoadedModel, export_torch, load_onnx, prepare_model
+from autotune.plan import CALIBRATION_KNOB, Plan
+from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, calibrate
+from autotune.quant.layerwise import LAYERWISE, SMOOTHING, LayerwiseChoices, choose_layer_methods
+from autotune.quant.lowering import Quantization
+from autotune.quant.rewrite import required_ranges
+from autotune.search.space import SearchSpace, build_space
+
+log = logging.getLogger(__name__)
+
+
+class SetupError(RuntimeError):
+    """The run cannot start (bad model, data, or config); nothing was built."""
+
+
+def config_inputs(config: TuneConfig) -> list[InputSpec]:
+    """The config's input specs."""
+    return [InputSpec(i.name, tuple(i.shape), i.dtype) for i in config.inputs]
+
+
+def model_file(config: TuneConfig) -> Path:
+    """The ONNX file of the config's model, exporting a PyTorch factory on first use (cached by factory and shapes)."""
+    if config.model.onnx is not None:
+        return config.model.onnx
+    inputs = config_inputs(config)
+    if not inputs:
+        raise SetupError("model.torch needs inputs: with names, shapes and dtypes to export the module")
+    key = hashlib.sha256(repr((config.model.torch, inputs, config.model.opset)).encode()).hexdigest()[:12]
+    path = config.cache_dir / "models" / f"{config.model.torch.replace(':', '.')}-{key}.onnx"
+    if not path.exists():
+        log.info("exporting %s to %s", config.model.torch, path)
+        export_torch(config.model.torch, inputs, path, opset=config.model.opset)
+    return path
+
+
+def load_model(config: TuneConfig) -> LoadedModel:
+    """Loads (or exports) the model and builds its layer table."""
+    path = model_file(config)
+    return prepare_model(load_onnx(path), path, config_inputs(config) or None, config.model.include_activation_matmuls)
+
+
+def with_runtime_shares(model: LoadedModel, backend: Backend, feeds: Mapping[str, Any]) -> LoadedModel:
+    """The model with each layer's share of FP32 runtime filled in, where the backend can profile."""
+    shares = backend.profile(model, feeds)
+    if shares is None:
+        return model
+    model.layers = [dataclasses.replace(layer, runtime_share=shares.get(layer.name)) for layer in model.layers]
+    return model
+
+
+def search_space(config: TuneConfig, model: LoadedModel, backend: Backend) -> SearchSpace:
+    """The search space of a run.
+
+    Raises:
+        SetupError: The config's search restrictions do not fit the backend.
+    """
+    try:
+        return build_space(model.layers, backend.capabilities(), config.search)
+    except ValueError as error:
+        raise SetupError(str(error)) from error
+
+
+def prepare_backend(backend: Backend, model: LoadedModel, space: SearchSpace) -> None:
+    """Hands the model to the backend once.
+
+    Raises:
+        SetupError: The backend cannot build a searched layer (the message says how to keep it FP32).
+    """
+    try:
+        backend.prepare(model, [space.layer_names[i] for i in space.searchable])
+    except ValueError as error:
+        raise SetupError(str(error)) from error
+
+
+def calibrate_ranges(config: TuneConfig, model: LoadedModel, backend: Backend, data: Dataset) -> Calibration:
+    """Activation statistics of every tensor a quantized layer needs, cached per model and data."""
+    tensors = required_ranges(model.layers, backend.recipe, model.proto)
+    settings = CalibrationSettings(percentile=config.calibration.percentile, num_bins=config.calibration.num_bins)
+    try:
+        return calibrate(model.proto, tensors, data.batches, config.cache_dir / "calibration", model.hash, settings)
+    except ValueError as error:
+        raise SetupError(f"calibration failed: {error}") from error
+
+
+def choose_layerwise(
+    config: TuneConfig,
+    model: LoadedModel,
+    backend: Backend,
+    space: SearchSpace,
+    calibration: Calibration,
+    data: Dataset,
+    output_index: int,
+) -> LayerwiseChoices | None:
+    """Per-layer calibration recipes, when the search may use ``layerwise`` calibration; None otherwise."""
+    offered = next((knob.values for knob in space.knobs if knob.name == CALIBRATION_KNOB), ())
+    if LAYERWISE not in offered:
+        return None
+    layers = [layer for layer, options in zip(space.layers, space.choices, strict=True) if "int8" in options]
+    candidates = (*METHODS, *SMOOTHING) if backend.capabilities().smoothing else METHODS
+    start = time.perf_counter()
+    try:
+        choices = choose_layer_methods(
+            model.proto,
+            layers,
+            backend.recipe,
+            calibration,
+            data.batches,
+            output_index,
+            config.cache_dir / "calibration",
+            model.hash,
+            candidates,
+        )
+    except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
+        raise SetupError(
+            f"layerwise calibration failed: {error}; leave 'layerwise' out of "
+            f"search.calibration_methods to calibrate every layer alike"
+        ) from error
+    log.info("layerwise calibration: %d layers in %.1f s", len(layers), time.perf_counter() - start)
+    return choices
+
+
+class Quantizations:
+    """The ``Quantization`` each plan is built with, by its calibration knob.
+
+    Args:
+        model: The run's model.
+        calibration: Activation statistics of the run.
+        layerwise: Per-layer recipes, or None when ``layerwise`` is not offered.
+    """
+
+    def __init__(self, model: LoadedModel, calibration: Calibration, layerwise: LayerwiseChoices | None):
+        self.calibration = calibration
+        self.layerwise = layerwise
+        smoothing = layerwise.smoothing(model.proto, model.layers) if layerwise else {}
+        self._layerwise = Quantization(
+            calibration.ranges("max"),
+            layerwise.layer_ranges(calibration, smoothing, model.layers) if layerwise else {},
+            smoothing,
+        )
+
+    def __call__(self, plan: Plan) -> Quantization:
+        """The ranges (and, for ``layerwise``, per-layer ranges and SmoothQuant factors) of a plan's method.
+
+        Raises:
+            ValueError: ``layerwise`` was not prepared for this run.
+        """
+        method = str(plan.knob(CALIBRATION_KNOB, "max"))
+        if method == LAYERWISE:
+            if self.layerwise is None:
+                raise ValueError("calibration=layerwise is not offered by this run's search.calibration_methods")
+            return self._layerwise
+        return Quantization(self.calibration.ranges(method))

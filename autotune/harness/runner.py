@@ -1,0 +1,157 @@
+"""One trial, end to end: plan -> backend build -> accuracy -> latency against the FP32 reference."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from autotune.backends import BackendUnavailable, BuildError, get_backend
+from autotune.config import TuneConfig
+from autotune.data import Dataset, load_dataset
+from autotune.harness.prepare import (
+    Quantizations,
+    SetupError,
+    calibrate_ranges,
+    choose_layerwise,
+    load_model,
+    prepare_backend,
+    search_space,
+)
+from autotune.measure import Protocol, interleaved
+from autotune.metrics import fidelity, score
+from autotune.plan import Plan
+from autotune.quant.layerwise import LayerwiseChoices
+from autotune.quant.lowering import NONE, lower
+from autotune.trial import TrialResult
+
+
+class TrialRunner:
+    """Prepares a run once (model, data, calibration, FP32 reference) and runs trials.
+
+    Args:
+        config: The run's config.
+
+    Raises:
+        SetupError: The model, data or backend cannot be used.
+    """
+
+    def __init__(self, config: TuneConfig):
+        self.config = config
+        try:
+            self.backend = get_backend(config.backend, config.model)
+            self.model = load_model(config)
+            self.space = search_space(config, self.model, self.backend)
+            prepare_backend(self.backend, self.model, self.space)
+            self.datasets: dict[str, Dataset] = {
+                "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
+            }
+            holdout = config.data.holdout or config.data.evaluation
+            self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
+            calibration_data = load_dataset(config.data.calibration, self.model.inputs, "calibration", config.seed + 2)
+        except (ValueError, OSError, BackendUnavailable) as error:
+            raise SetupError(str(error)) from error
+        self.output_index = self._output_index()
+        try:  # first: calibration runs the FP32 model too, and would fail with a less helpful message
+            self.reference = self.backend.build(self.space.uniform("fp32"), NONE, config.run_dir)
+        except BuildError as error:
+            raise SetupError(
+                f"{self.model.path}: the FP32 model does not build on {self.backend.name}: {error}; "
+                f"replace the operator it names, or choose another backend"
+            ) from error
+        self.calibration = calibrate_ranges(config, self.model, self.backend, calibration_data)
+        self.use_layerwise(
+            choose_layerwise(
+                config, self.model, self.backend, self.space, self.calibration, calibration_data, self.output_index
+            )
+        )
+        self.reference_outputs = {split: self._outputs(self.reference, data) for split, data in self.datasets.items()}
+        self.reference_accuracy: dict[str, float] = {}
+        for split in self.datasets:
+            try:
+                self.reference_accuracy[split] = self._score(self.reference_outputs[split], split)
+            except ValueError as error:  # MetricError: labels that do not fit the metric
+                raise SetupError(f"metric {config.metric.name} cannot score the {split} data: {error}") from error
+
+    def _output_index(self) -> int:
+        wanted = self.config.metric.output
+        if wanted is None:
+            return 0
+        if wanted not in self.model.output_names:
+            raise SetupError(f"metric.output {wanted!r} is not a model output; outputs: {self.model.output_names}")
+        return self.model.output_names.index(wanted)
+
+    def use_layerwise(self, choices: LayerwiseChoices | None) -> None:
+        """Sets the per-layer recipes that plans with ``calibration=layerwise`` are built with."""
+        self.quantizations = Quantizations(self.model, self.calibration, choices)
+
+    @property
+    def layerwise(self) -> LayerwiseChoices | None:
+        """The per-layer recipes of this run, or None when ``layerwise`` is not offered."""
+        return self.quantizations.layerwise
+
+    def _outputs(self, artifact: Any, data: Dataset) -> list:
+        return [self.backend.run(artifact, batch)[self.output_index] for batch in data.batches]
+
+    def _score(self, outputs: list, split: str) -> float:
+        metric = self.config.metric
+        return score(metric.name, outputs, self.reference_outputs[split], self.datasets[split].labels, metric.function)
+
+    def typed_model(self, plan: Plan) -> onnx.ModelProto:
+        """The explicitly typed ONNX graph a plan lowers to (what graph backends build)."""
+        return lower(self.model, plan, self.quantizations(plan), self.backend.recipe)
+
+    def build(self, plan: Plan, workdir: Path) -> Any:
+        """The backend's engine of a plan."""
+        try:
+            quantization = self.quantizations(plan)
+        except ValueError as error:
+            raise BuildError(str(error)) from error
+        return self.backend.build(plan, quantization, workdir)
+
+    def run(self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None) -> TrialResult:
+        """Builds, scores and times one plan; every failure comes back as a failed result."""
+        protocol = protocol or Protocol(**self.config.measure.model_dump())
+        start = time.perf_counter()
+        problems = self.space.violations(plan)
+        if problems:
+            return TrialResult.failure(plan, "plan outside the search space: " + "; ".join(problems), split=split)
+        try:
+            artifact = self.build(plan, self.config.run_dir)
+            build_s = time.perf_counter() - start
+            outputs = self._outputs(artifact, self.datasets[split])
+            accuracy = self._score(outputs, split)
+            feeds = self.datasets[split].batches[0]
+            latency = interleaved(
+                lambda: self.backend.time_run(artifact, feeds),
+                lambda: self.backend.time_run(self.reference, feeds),
+                protocol,
+                self_timed=True,
+            )
+        except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
+            return TrialResult.failure(
+                plan, f"{type(error).__name__}: {error}", split=split, total_s=time.perf_counter() - start
+            )
+        return TrialResult(
+            plan=plan,
+            latency_ms=latency.median_ms,
+            latency_iqr_ms=latency.iqr_ms,
+            reference_latency_ms=latency.reference_median_ms,
+            reference_latency_iqr_ms=latency.reference_iqr_ms,
+            speedup=latency.speedup,
+            accuracy=accuracy,
+            reference_accuracy=self.reference_accuracy[split],
+            accuracy_drop=self.reference_accuracy[split] - accuracy,
+            fidelity=fidelity(outputs, self.reference_outputs[split]),
+            build_s=build_s,
+            total_s=time.perf_counter() - start,
+            protocol=protocol.to_dict(),
+            split=split,
+        )
+
+    def export(self, plan: Plan, out_dir: Path) -> list[str]:
+        """Builds a plan into ``out_dir`` and writes its deployable files there."""
+        artifact = self.build(plan, out_dir)
+        return [str(path) for path in self.backend.export(artifact, plan, out_dir)]

@@ -1,0 +1,177 @@
+"""TorchBackend: options and errors, knobs, builds on the CPU, and on CUDA (``-m gpu``, skipped without CUDA)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import autotune.backends.torch.backend as backend_module
+from autotune.api import analyze
+from autotune.backends import BackendUnavailable, BuildError, get_backend
+from autotune.backends.torch import DeviceInfo, TorchBackend, runtime_flags
+from autotune.config import BackendConfig, ConfigError, ModelConfig
+from autotune.quant.lowering import Quantization
+from autotune.testing import tiny_torch_config
+
+FACTORY = "autotune.testing:tiny_torch_mlp"
+
+
+# ---- options and errors -------------------------------------------------------------------------------------
+
+
+def test_onnx_only_configs_get_a_clear_error():
+    with pytest.raises(BackendUnavailable, match="needs model.torch.*onnxruntime or tensorrt"):
+        get_backend(BackendConfig(name="torch", options={"device": "cpu"}), ModelConfig(onnx=Path("model.onnx")))
+    with pytest.raises(BackendUnavailable, match="needs model.torch"):
+        get_backend(BackendConfig(name="torch"))
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match=r"(?s)options\.devcie.*Extra inputs are not permitted"):
+        BackendConfig(name="torch", options={"devcie": "cpu"})
+    with pytest.raises(ValueError, match=r"(?s)options\.device.*should match pattern"):
+        BackendConfig(name="torch", options={"device": "tpu"})
+    with pytest.raises(TypeError, match="takes autotune.config.TorchOptions, got dict"):
+        TorchBackend(FACTORY, {"device": "cpu"})
+    backend = get_backend(BackendConfig(name="torch", options={"device": "cpu"}), ModelConfig(torch=FACTORY))
+    assert isinstance(backend, TorchBackend) and backend.device == "cpu"
+
+
+def test_a_bad_device_is_rejected_by_the_config_with_its_key_path(tmp_path):
+    with pytest.raises(ConfigError, match=r"backend\.options\.device: String should match pattern"):
+        tiny_torch_config(tmp_path, device="gpu")
+
+
+def test_no_cuda_says_how_to_run_on_the_cpu(monkeypatch):
+    # TorchBackend probes through the name its module imported
+    monkeypatch.setattr(
+        backend_module, "probe_device", lambda device: DeviceInfo(device, "2.13.0+cpu", available=False)
+    )
+    with pytest.raises(BackendUnavailable, match="CPU-only build.*device: cpu"):
+        TorchBackend(FACTORY)
+
+
+# ---- a trial end to end on the CPU --------------------------------------------------------------------------
+
+
+def test_knobs_are_validated(runner):
+    backend = runner.backend
+    assert backend.knob_values({"calibration": "max", "weight_granularity": "per_tensor"})["mode"] == "eager"
+    with pytest.raises(BuildError, match="knob mode='compile' is not offered"):
+        backend.knob_values({"mode": "compile"})
+    with pytest.raises(BuildError, match="unknown knob 'tf32'"):
+        backend.knob_values({"tf32": True})
+    bad = runner.space.uniform("int8").with_knobs(mode="max-autotune")
+    assert "not allowed" in runner.run(bad).error
+
+
+def test_per_tensor_bf16_and_mixed_plans_build(runner):
+    layers = runner.space.layer_names
+    mixed = runner.space.plan({layers[0]: "bf16", layers[1]: "int8"}, {"weight_granularity": "per_tensor"})
+    artifact = runner.build(mixed, runner.config.run_dir)
+    assert artifact.choices == {"fc1": "bf16", "fc2": "int8"}
+    feeds = runner.datasets["evaluation"].batches[0]
+    assert runner.backend.time_run(artifact, feeds) > 0 and artifact.staged is feeds
+    out = runner.backend.run(artifact, feeds)[0]
+    assert out.dtype == np.float32 and out.shape == (32, 16)
+
+
+def test_builds_need_prepare_and_take_no_smoothquant(runner, tmp_path):
+    plan = runner.space.uniform("int8")
+    fresh = TorchBackend(FACTORY, runner.config.backend.options)
+    with pytest.raises(BuildError, match=r"only after prepare\(model, searched\)"):
+        fresh.build(plan, Quantization(), tmp_path)
+    ranges = runner.calibration.ranges("max")
+    assert runner.backend.build(plan, Quantization(ranges=ranges), tmp_path).choices == {"fc1": "int8", "fc2": "int8"}
+    factors = {runner.space.layer_names[0]: np.ones(32, dtype=np.float32)}
+    with pytest.raises(BuildError, match="takes no SmoothQuant factors"):
+        runner.backend.build(plan, Quantization(ranges=ranges, smoothing=factors), tmp_path)
+
+
+# ---- the GPU (skipped without CUDA) -------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (an NVIDIA GPU and a CUDA torch)")
+
+
+def _cosine(a, b):
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_probe_and_capabilities(cuda_runner):
+    info = cuda_runner.backend.info
+    assert info.available and info.capability is not None and {"fp16", "int8", "compile"} <= info.ops
+    choices = cuda_runner.space.choices[0]
+    assert "int8" in choices and ("fp8" in choices) == (info.capability >= (8, 9))
+    assert [k.name for k in cuda_runner.space.knobs][2:4] == ["mode", "cuda_graphs"]
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_compile_and_cuda_graph_builds_time_on_a_side_stream(cuda_runner):
+    backend, space = cuda_runner.backend, cuda_runner.space
+    feeds = cuda_runner.datasets["evaluation"].batches[0]
+    reference = cuda_runner.reference
+    assert reference.graph is not None and reference.knobs["mode"] == "compile"
+    expected = backend.run(reference, feeds)[0]
+    for precision in [p for p in ("fp16", "bf16", "int8", "fp8") if p in space.choices[0]]:
+        artifact = cuda_runner.build(space.uniform(precision), cuda_runner.config.run_dir)
+        assert artifact.graph is not None and artifact.stream != torch.cuda.default_stream()
+        got = backend.run(artifact, feeds)[0]
+        assert got.shape == expected.shape and _cosine(got, expected) > 0.99, precision
+        times = [backend.time_run(artifact, feeds) for _ in range(5)]
+        assert all(0 < t < 1000 for t in times) and artifact.staged is feeds
+    eager = cuda_runner.build(
+        space.uniform("int8", {"mode": "eager", "cuda_graphs": False}), cuda_runner.config.run_dir
+    )
+    assert eager.graph is None and _cosine(backend.run(eager, feeds)[0], expected) > 0.99
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_tf32_and_cudnn_flags_follow_each_artifact(cuda_runner):
+    backend, space = cuda_runner.backend, cuda_runner.space
+    if "tf32" not in {k.name for k in space.knobs}:
+        pytest.skip("no TF32 on this GPU")
+    feeds = cuda_runner.datasets["evaluation"].batches[0]
+    on = cuda_runner.build(space.uniform("fp32", {"tf32": True, "cudnn_benchmark": False}), cuda_runner.config.run_dir)
+    off = cuda_runner.reference
+    backend.run(on, feeds)
+    assert runtime_flags() == {"matmul_tf32": True, "cudnn_tf32": True, "cudnn_benchmark": False}
+    backend.time_run(off, feeds)
+    assert runtime_flags() == {"matmul_tf32": False, "cudnn_tf32": False, "cudnn_benchmark": True}
+    backend.time_run(on, feeds)
+    assert runtime_flags()["matmul_tf32"] is True
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_gpu_max_autotune_with_gemm_backends(cuda_runner):
+    knobs = {"mode": "max-autotune", "gemm_backends": "ATEN,TRITON"}
+    artifact = cuda_runner.build(cuda_runner.space.uniform("fp16", knobs), cuda_runner.config.run_dir)
+    feeds = cuda_runner.datasets["evaluation"].batches[0]
+    expected = cuda_runner.backend.run(cuda_runner.reference, feeds)[0]
+    assert _cosine(cuda_runner.backend.run(artifact, feeds)[0], expected) > 0.99
+    assert cuda_runner.backend.time_run(artifact, feeds) > 0
+
+
+# ---- a search -----------------------------------------------------------------------------------------------
+
+
+def test_a_search_on_the_torch_backend_starts_from_every_uniform_precision(tmp_path):
+    from autotune.store import TrialStore
+    from autotune.tune import tune
+
+    config = tiny_torch_config(tmp_path, budget={"builds": 6})
+    summary = tune(config, strategy="random", isolate=False, progress=False)
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        trials = list(store.trials())
+    space = analyze(config, profile=False)[1]
+    offered = [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in c for c in space.choices)]
+    assert len(offered) >= 3  # int8, fp16 and bf16 run on every CPU torch
+    assert [t.plan for t in trials[: len(offered)]] == [space.uniform(p) for p in offered]
+    assert len(trials) == 6 and summary["builds"] == 6

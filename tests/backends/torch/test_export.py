@@ -1,0 +1,60 @@
+"""Exporting a tuned module: the files, and ``load_exported`` giving back what the build ran.
+
+The GPU test (``-m gpu``) skips without CUDA.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from autotune.backends.torch import load_exported
+from autotune.plan import Plan
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (an NVIDIA GPU and a CUDA torch)")
+
+
+def test_an_int8_trial_runs_and_exports_a_loadable_module(runner, tmp_path):
+    plan = runner.space.uniform("int8")
+    assert set(plan.precision_map.values()) == {"int8"}
+    result = runner.run(plan)
+    assert result.ok, result.error
+    assert abs(result.accuracy_drop) <= 0.1 and result.fidelity["cosine"] > 0.99
+    assert result.latency_ms > 0 and result.reference_latency_ms > 0
+    fp32 = runner.backend.fp32_module()
+    assert type(fp32.fc1) is nn.Linear and type(fp32.fc2) is nn.Linear  # builds rewrite copies
+
+    files = [Path(f) for f in runner.export(plan, tmp_path / "export")]
+    assert [f.name for f in files[:4]] == ["module_state.pt", "rebuild.py", "manifest.json", "plan.json"]
+    assert files[4].name in ("exported.pt2", "export_notes.txt")
+    assert Plan.from_json((tmp_path / "export" / "plan.json").read_text()) == plan
+    assert json.loads((tmp_path / "export" / "manifest.json").read_text())["modules"] == {"fc1": "int8", "fc2": "int8"}
+    feeds = runner.datasets["evaluation"].batches[0]
+    expected = runner.backend.run(runner.build(plan, tmp_path), feeds)[0]
+    module = load_exported(tmp_path / "export", "cpu")
+    assert type(module.fc1).__name__ == "Int8Linear"
+    with torch.no_grad():
+        np.testing.assert_array_equal(module(torch.from_numpy(feeds["x"])).numpy(), expected)
+    if files[4].name == "exported.pt2":
+        program = torch.export.load(str(files[4]))
+        np.testing.assert_allclose(program.module()(torch.from_numpy(feeds["x"])).detach().numpy(), expected)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_trial_and_export(cuda_runner, tmp_path):
+    plan = cuda_runner.space.uniform("int8")
+    result = cuda_runner.run(plan)
+    assert result.ok, result.error
+    assert result.fidelity["cosine"] > 0.99 and result.latency_ms > 0
+    files = cuda_runner.export(plan, tmp_path / "export")
+    assert Path(files[0]).name == "module_state.pt"
+    feeds = cuda_runner.datasets["evaluation"].batches[0]
+    expected = cuda_runner.backend.run(cuda_runner.build(plan, tmp_path), feeds)[0]
+    module = load_exported(tmp_path / "export", "cuda")
+    with torch.no_grad():
+        got = module(torch.from_numpy(feeds["x"]).cuda()).float().cpu().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,148 @@
+"""The package's shape: dependencies point one way, no module grows past its concept, CLI and API agree."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS: list[tuple[str, ...]] = [
+    # bottom: plain data and helpers every layer may use
+    (
+        "autotune",
+        "autotune.config",
+        "autotune.optypes",
+        "autotune.plan",
+        "autotune.files",
+        "autotune.extras",
+        "autotune.capabilities",
+        "autotune.trial",
+        "autotune.measure",
+    ),
+    ("autotune.model", "autotune.data", "autotune.metrics", "autotune.store", "autotune.rundir"),
+    ("autotune.quant", "autotune.search"),
+    ("autotune.backends",),
+    ("autotune.harness",),
+    ("envs",),
+    ("autotune.agent", "autotune.api", "autotune.monitor", "autotune.report"),
+    ("autotune.tune",),
+    ("autotune.cli", "autotune.__main__", "autotune.testing", "autotune.examples"),
+]
+"""Each module's layer, bottom first: a module may import its own layer's modules and the layers below it."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    files = [*ROOT.joinpath("autotune").rglob("*.py"), *ROOT.joinpath("envs").rglob("*.py")]
+    return {_module_name(path): path for path in files}
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """Every project module a file imports, at module level or inside functions (a lazy import is a dependency)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        found.update(name for name in names if name in known)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    return {name: _imports(path, known) - {name} for name, path in modules.items()}
+
+
+def _layer(module: str) -> int:
+    best = (-1, -1)  # (prefix length, layer): the longest matching prefix decides
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[0]:
+                best = (len(prefix), index)
+    if best[1] < 0:
+        raise AssertionError(f"{module} has no layer in LAYERS: add it where it belongs")
+    return best[1]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of imports as the list of modules around it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for child in sorted(graph.get(node, ())):
+            if state.get(child) == 1:
+                return path[path.index(child) :] + [child]
+            if child not in state and (cycle := visit(child)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_dependencies_point_down_the_layers():
+    upward = [
+        f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+        for module, targets in sorted(_graph().items())
+        for target in sorted(targets)
+        if _layer(target) > _layer(module) and not module.startswith(target + ".")
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_search_never_imports_the_env_and_the_env_only_the_search():
+    graph = _graph()
+    for module, targets in graph.items():
+        if module.startswith("autotune.search"):
+            assert not any(t.startswith("envs") for t in targets), module
+    for target in graph["envs.engine_build"]:
+        assert _layer(target) <= _layer("autotune.search"), target
+
+
+@pytest.mark.parametrize("path", sorted(_modules().values()), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_over_600_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= 600, f"{path.relative_to(ROOT)} has {lines} lines: cut it by concept"
+
+
+def test_the_cli_offers_the_strategies_and_precisions_the_api_takes():
+    from autotune.cli import build_parser
+    from autotune.plan import PRECISIONS
+    from autotune.tune import STRATEGIES
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    strategy = next(a for a in commands["baseline"]._actions if a.dest == "strategy")
+    assert tuple(strategy.choices) == STRATEGIES
+    assert {"ppo", "random", "greedy", "optuna", *PRECISIONS} == set(STRATEGIES)
+    plan_help = next(a for a in commands["evaluate"]._actions if a.dest == "plan").help
+    assert all(precision in plan_help for precision in PRECISIONS)
