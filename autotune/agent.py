@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ def train(
     resume: bool = False,
     estimates: Callable[[], Any] | None = None,
     surrogate: Callable[[], Surrogate | None] | None = None,
+    measured: Callable[[], Collection[str]] | None = None,
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
@@ -102,6 +103,7 @@ def train(
         resume: Continue from ``checkpoints/latest.zip`` when it exists.
         estimates: Per-layer estimates fitted from the trials so far, for the observations.
         surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
+        measured: Hashes of the plans measured so far: the model's plan is the best one not among them.
 
     Returns:
         The trained model.
@@ -173,7 +175,10 @@ def train(
             if config.ppo.build_model_plan and current[0] is not None and builds() < config.budget.builds:
                 # Dyna's planning step: the plan the model of the trials rates best, built for real; a
                 # wrong model is corrected by its own result, and the store answers a repeat for free.
-                evaluate(model_best_plan(current[0], space, config.search_budget, seed=config.seed + builds()))
+                known = measured() if measured is not None else ()
+                evaluate(
+                    model_best_plan(current[0], space, config.search_budget, seed=config.seed + builds(), exclude=known)
+                )
                 if builds() >= config.budget.builds:  # a rollout would build at least one plan more
                     save_checkpoint(model, checkpoints, builds())
                     break

@@ -129,6 +129,7 @@ def run_search(
             resume,
             fitted.estimates,
             fitted.surrogate,
+            fitted.measured,
         )
         return
     context = SearchContext(

@@ -64,6 +64,7 @@ def replay(config_path: str, overrides: list[str], truth, space, seed: int, nois
             Path(scratch) / "checkpoints",
             estimates=fitted.estimates,
             surrogate=fitted.surrogate,
+            measured=fitted.measured,
         )
     within = [truth.predict(r.plan)[0] for r in built if truth.predict(r.plan)[1] <= config.search_budget]
     quantized = [sum(p != "fp32" for _, p in r.plan.precisions) for r in built]

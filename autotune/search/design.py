@@ -11,6 +11,8 @@ with the smallest variance any design of that many plans can give.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 from autotune.plan import Plan
@@ -79,7 +81,14 @@ def lowered_precisions(space: SearchSpace) -> list[str]:
     return lowered
 
 
-def model_best_plan(model: Surrogate, space: SearchSpace, budget: float, seed: int = 0, iterations: int = 300) -> Plan:
+def model_best_plan(
+    model: Surrogate,
+    space: SearchSpace,
+    budget: float,
+    seed: int = 0,
+    iterations: int = 300,
+    exclude: Collection[str] = (),
+) -> Plan:
     """The plan the model of the trials rates fastest within ``budget``, knobs at their defaults.
 
     A randomised local search over the decision groups (each lowered as in :func:`lowered_precisions`): every
@@ -92,9 +101,12 @@ def model_best_plan(model: Surrogate, space: SearchSpace, budget: float, seed: i
         budget: The largest predicted accuracy drop allowed.
         seed: Seeds the search.
         iterations: Search steps.
+        exclude: Hashes of plans already measured: the best plan not among them is returned, when the search
+            meets one. Their results are known, so building the model's best guess among them teaches nothing;
+            without this, a converged model proposes the same measured plan every time and builds stall.
 
     Returns:
-        The best plan found (the FP32 plan when nothing fits).
+        The best plan found outside ``exclude``, else the best plan found (the FP32 plan when nothing fits).
     """
     rng = np.random.default_rng(seed)
     groups, lowered = space.groups, lowered_precisions(space)
@@ -104,6 +116,7 @@ def model_best_plan(model: Surrogate, space: SearchSpace, budget: float, seed: i
 
     best: set[int] = set()
     best_speedup = model.predict(plan_of(best))[0]
+    fresh: tuple[float, Plan] | None = None  # the best plan seen outside ``exclude``
     for _ in range(iterations):
         chosen = set(best)
         if chosen:
@@ -112,10 +125,13 @@ def model_best_plan(model: Surrogate, space: SearchSpace, budget: float, seed: i
         for group in rng.permutation(len(groups)).tolist():
             if group not in chosen and model.predict(plan_of(chosen | {group}))[1] <= budget:
                 chosen.add(group)
-        speedup = model.predict(plan_of(chosen))[0]
+        plan = plan_of(chosen)
+        speedup = model.predict(plan)[0]
         if speedup > best_speedup:
             best_speedup, best = speedup, chosen
-    return plan_of(best)
+        if plan.hash not in exclude and (fresh is None or speedup > fresh[0]):
+            fresh = (speedup, plan)
+    return fresh[1] if fresh is not None else plan_of(best)
 
 
 def probe_plans(space: SearchSpace, max_plans: int) -> list[Plan]:

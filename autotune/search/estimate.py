@@ -235,6 +235,10 @@ class RefittedEstimates:
             self._fitted_at = len(trials)
         return self._estimates
 
+    def measured(self) -> set[str]:
+        """Hashes of the plans measured so far."""
+        return {trial.plan_hash for trial in self.trials()}
+
     def surrogate(self) -> Surrogate | None:
         """The additive model of whole plans over every trial so far, or None while there are too few."""
         return fit_surrogate(self.trials(), self.knob_defaults, ACCURACY_KNOBS)

@@ -120,3 +120,28 @@ def test_the_model_plan_is_the_best_plan_within_the_budget():
     assert model.predict(plan) == pytest.approx(best)
     assert plan.precision_map["mm5"] == "fp32"  # a layer the space keeps in FP32 stays there
     assert model_best_plan(model, space, budget=0.05) == space.uniform("fp32")  # nothing fits
+
+
+def test_the_model_plan_skips_plans_already_measured():
+    space = _wide_space(8)
+    rng = np.random.default_rng(4)
+    names = space.layer_names
+    model = _AdditiveModel(
+        {n: float(s) for n, s in zip(names, rng.uniform(0.01, 0.1, 8), strict=True)},
+        {n: float(d) for n, d in zip(names, rng.uniform(0.1, 1.0, 8), strict=True)},
+    )
+    best = model_best_plan(model, space, budget=1.5)
+    second = model_best_plan(model, space, budget=1.5, exclude={best.hash})
+    assert second != best
+    assert model.predict(second)[1] <= 1.5
+    # nothing better than the excluded best, and nothing unmeasured rated above the one it returns
+    assert model.predict(second)[0] <= model.predict(best)[0]
+    searchable = [names[i] for i in space.searchable]
+    others = [
+        space.plan({n: "int8" for n, bit in zip(searchable, bits, strict=True) if bit})
+        for bits in itertools.product([0, 1], repeat=len(searchable))
+    ]
+    runner_up = max(
+        (model.predict(p)[0] for p in others if p.hash != best.hash and model.predict(p)[1] <= 1.5),
+    )
+    assert model.predict(second)[0] == pytest.approx(runner_up)
