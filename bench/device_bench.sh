@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# A CPU benchmark on the device machine's many cores: bench/run.py with --jobs, stopped cleanly before the
-# device tool's per-call limit, its run directories copied to $OUT. Calling it again resumes every run.
+# A CPU benchmark on a many-core host that runs commands under a time limit: bench/run.py with --jobs, stopped
+# cleanly before the limit, its run directories packed into $OUT (results.tgz). Calling it again resumes every run.
 #
-#   run (device tool), carry [".whl", ".device/minilm"]:
+#   with the wheels in .whl and earlier results in .device/:
 #       bash bench/device_bench.sh 530 configs/minilm-cpu.yaml --strategies int8 fp32 ppo random greedy optuna \
 #           --seeds 0 1 2 --budget 150 --out bench/results/minilm-cpu --jobs 11 --cores-per-job 2
 #

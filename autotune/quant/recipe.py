@@ -13,7 +13,7 @@ class QuantRecipe:
         activation_dtype: ``"uint8"`` (asymmetric, with a zero point) or ``"int8"`` (symmetric, zero point 0).
         weight_dtype: Always ``"int8"``, symmetric with zero point 0.
         quantize_matmul_output: Put Q/DQ on MatMul/Gemm outputs too. ORT CPU is faster without
-            (it fuses DQ-MatMul into MatMulIntegerToFloat); see measurements-cpu.md.
+            (it fuses DQ-MatMul into MatMulIntegerToFloat; tests/backends/test_onnxruntime.py checks the fusion).
         quantize_conv_output: Put Q/DQ on Conv outputs (ORT needs it to fuse QLinearConv).
         fold_relu_into_output: When the quantized output feeds a single Relu, put the output Q/DQ after the Relu.
         quantize_gemm_bias: Quantize a Gemm's bias to int32 (ORT then fuses QGemm with a float output;

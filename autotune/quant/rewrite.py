@@ -3,8 +3,8 @@
 int8/fp8 layers get Q/DQ pairs and quantized weights, fp16/bf16 layers get Casts and low-precision weights.
 Unlike ORT's ``quantize_static``, every Q/DQ pair and Cast written here is dedicated to one layer: other
 consumers of the same tensor (a residual Add, a sibling MatMul left in FP32) keep reading the float tensor.
-Without this, single-layer accuracy drops are not attributable to the layer
-(see measurements-cpu.md, "Gotcha").
+Without this, a layer's quantization also changes what its float neighbours read, and its accuracy drop is not
+its own.
 """
 
 from __future__ import annotations
