@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from autotune import api
 from autotune.config import ConfigError, load_config
+from autotune.harness.process import LOG_FORMAT
 from autotune.plan import PRECISIONS
 from autotune.tune import STRATEGIES, export_ranked, tune
 
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; errors a user can fix are printed without a traceback."""
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     from autotune.backends import BackendUnavailable, BuildError
     from autotune.extras import MissingExtra
     from autotune.harness import SetupError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -17,6 +18,9 @@ from autotune.harness.prepare import SetupError
 from autotune.harness.runner import TrialRunner
 from autotune.measure import Protocol
 from autotune.plan import Plan
+
+LOG_FORMAT = "autotune: %(message)s"
+"""How the command and its trial process print progress notes (model export, calibration time) to stderr."""
 
 
 def _die_with_parent() -> None:
@@ -36,13 +40,14 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_main(connection: Any, config_data: dict) -> None:
+def _worker_main(connection: Any, config_data: dict, log_level: int = logging.WARNING) -> None:
     """Serves trials until the parent closes the pipe.
 
     Ctrl-C in a terminal reaches the whole process group: the trial process ignores SIGINT and leaves the
     interrupt to the run, which stops it after committing what was measured.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)  # a spawned process starts without the run's logging
     _die_with_parent()
     try:
         runner = TrialRunner(TuneConfig.model_validate(config_data))
@@ -94,7 +99,9 @@ class ChildRunner:
         """
         parent, child = self._context.Pipe()
         self._process = self._context.Process(
-            target=_worker_main, args=(child, self.config.model_dump(mode="json")), daemon=True
+            target=_worker_main,
+            args=(child, self.config.model_dump(mode="json"), logging.getLogger().getEffectiveLevel()),
+            daemon=True,
         )
         self._process.start()
         child.close()

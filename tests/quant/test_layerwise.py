@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -10,17 +11,18 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.evaluate import TrialRunner
+from autotune.harness import TrialRunner
 from autotune.metrics import snr_db
-from autotune.model import prepare_model
+from autotune.model import InputSpec, prepare_model
 from autotune.plan import Plan
-from autotune.quant import layerwise
-from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, TensorStats
+from autotune.quant import layerwise, probe
+from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, TensorStats, calibrate
 from autotune.quant.layerwise import LayerwiseChoices, choose_layer_methods, choose_methods
+from autotune.quant.probe import find_cut
 from autotune.quant.qparams import activation_qparams
 from autotune.quant.recipe import ORT_X86
-from autotune.quant.rewrite import RewriteError, rewrite, smooth_weight
-from autotune.testing import tiny_config
+from autotune.quant.rewrite import RewriteError, required_ranges, rewrite, smooth_weight
+from autotune.testing import tiny_config, tiny_mlp
 
 
 def _fanout_model() -> onnx.ModelProto:
@@ -92,8 +94,17 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
     batches = _batches()
     calibration = _calibration(batches)
     methods = ("max", "entropy")
+    # exhaustive: every candidate runs on all the data, so even the loser's recorded error is exact.
     chosen = choose_layer_methods(
-        loaded.proto, loaded.layers, ORT_X86, calibration, batches, cache_dir=tmp_path, model_hash="m", methods=methods
+        loaded.proto,
+        loaded.layers,
+        ORT_X86,
+        calibration,
+        batches,
+        cache_dir=tmp_path,
+        model_hash="m",
+        methods=methods,
+        exhaustive=True,
     )
     assert set(chosen.methods) == {"a", "b"}
     for layer, method in chosen.methods.items():
@@ -112,7 +123,15 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
 
     monkeypatch.setattr(layerwise, "rewrite", no_rewrite)
     again = choose_layer_methods(
-        loaded.proto, loaded.layers, ORT_X86, calibration, batches, cache_dir=tmp_path, model_hash="m", methods=methods
+        loaded.proto,
+        loaded.layers,
+        ORT_X86,
+        calibration,
+        batches,
+        cache_dir=tmp_path,
+        model_hash="m",
+        methods=methods,
+        exhaustive=True,
     )
     assert again == chosen
     # Other data is another key: the cache does not answer it.
@@ -232,3 +251,185 @@ def test_smooth_weight_refuses_factors_that_do_not_fit():
     layer = next(layer for layer in loaded.layers if layer.name == "a")
     with pytest.raises(RewriteError, match="one factor per input channel"):
         smooth_weight(np.ones((16, 16), np.float32), np.ones(8, np.float32), layer)
+
+
+# ---- How the choice is measured: probes on cached FP32 activations, the model downstream of the layer ----------
+
+
+def _disabled_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A session that runs the Q/DQ nodes as written (ORT's fusions would turn them into integer kernels)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _whole_model_error(loaded, name, method, calibration, batches, channels, output_index=0) -> float:
+    """The error as it was first computed: the whole model rewritten with only ``name`` in INT8, run, compared."""
+    plan = Plan.make({name: "int8"})
+    if method in layerwise.SMOOTHING:
+        alone = LayerwiseChoices({name: method}, {}, channels)
+        layer = [layer for layer in loaded.layers if layer.name == name]
+        smoothing = alone.smoothing(loaded.proto, layer)
+        ranges = alone.layer_ranges(calibration, smoothing, layer)[name]
+        typed = rewrite(loaded.proto, loaded.layers, plan, ranges, ORT_X86, smoothing=smoothing)
+    else:
+        typed = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges(method), ORT_X86)
+    reference = [_disabled_session(loaded.proto).run(None, b)[output_index] for b in batches]
+    outputs = [_disabled_session(typed).run(None, b)[output_index] for b in batches]
+    return 10 ** (-snr_db(outputs, reference) / 10)
+
+
+_MLP_INPUTS = [InputSpec("x", (16, 32), "float32")]
+
+
+def _calibrated(model: onnx.ModelProto, batches) -> tuple:
+    inputs = _MLP_INPUTS if model.graph.input[0].name == "x" else None
+    loaded = prepare_model(model, Path("model.onnx"), inputs)
+    tensors = required_ranges(loaded.layers, ORT_X86, loaded.proto)
+    return loaded, calibrate(loaded.proto, tensors, batches, None, "")
+
+
+def _mlp_batches(features: int = 32, seed: int = 5) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(3):
+        x = rng.normal(size=(16, features)).astype(np.float32)
+        x[:, 2] *= 30.0  # an outlier channel, so smoothing and clipping both have something to do
+        batches.append({"x": x})
+    return batches
+
+
+def _conv_model() -> onnx.ModelProto:
+    """Conv -> Relu -> Conv -> Relu -> output ``y``, and a Gemm head on the first Relu that only feeds ``side``."""
+    rng = np.random.default_rng(4)
+    inits = [
+        numpy_helper.from_array((rng.normal(size=(4, 3, 3, 3)) * 0.3).astype(np.float32), "W1"),
+        numpy_helper.from_array((rng.normal(size=4) * 0.1).astype(np.float32), "B1"),
+        numpy_helper.from_array((rng.normal(size=(2, 4, 3, 3)) * 0.3).astype(np.float32), "W2"),
+        numpy_helper.from_array((rng.normal(size=2) * 0.1).astype(np.float32), "B2"),
+        numpy_helper.from_array((rng.normal(size=(5, 64)) * 0.2).astype(np.float32), "W3"),
+        numpy_helper.from_array(np.array([2, 64], dtype=np.int64), "flat_shape"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["X", "W1", "B1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], "conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["y"], "relu2"),
+        helper.make_node("Reshape", ["r1", "flat_shape"], ["flat"], "flatten"),
+        helper.make_node("Gemm", ["flat", "W3"], ["side"], "head", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "convs",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 4, 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2, 4, 4]),
+            helper.make_tensor_value_info("side", TensorProto.FLOAT, [2, 5]),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_cut_of_a_layer_is_its_nodes_the_rest_of_the_model_and_what_that_reads():
+    loaded = prepare_model(tiny_mlp(), Path("mlp.onnx"), _MLP_INPUTS)
+    fc3 = next(layer for layer in loaded.layers if layer.name == "fc3")
+    cut = find_cut(loaded.proto, fc3, ORT_X86, "logits")
+    assert cut.target == "h3" and [n.name for n in cut.nodes] == ["fc3"] and cut.inputs == ("a2",)
+    assert [n.name for n in cut.downstream] == ["residual", "relu3", "head"]
+    assert cut.downstream_inputs == ("a2",)  # the residual branch: FP32, fed from the cached activations
+    # An output Q/DQ that folds into a sole Relu changes the Relu's output: the probe runs the Relu too.
+    convs = prepare_model(_conv_model(), Path("convs.onnx"), None)
+    conv1 = next(layer for layer in convs.layers if layer.name == "conv1")
+    cut = find_cut(convs.proto, conv1, ORT_X86, "y")
+    assert cut.target == "r1" and [n.name for n in cut.nodes] == ["conv1", "relu1"]
+    assert [n.name for n in cut.downstream] == ["conv2", "relu2"] and cut.reaches_output
+    head = next(layer for layer in convs.layers if layer.name == "head")
+    assert not find_cut(convs.proto, head, ORT_X86, "y").reaches_output
+
+
+@pytest.mark.parametrize(("make", "batches", "output_index"), [(tiny_mlp, _mlp_batches, 0), (_conv_model, None, 0)])
+def test_every_error_equals_that_of_the_whole_model_with_only_that_layer_in_int8(make, batches, output_index):
+    if batches is None:
+        rng = np.random.default_rng(6)
+        data = [{"X": rng.normal(size=(2, 3, 4, 4)).astype(np.float32)} for _ in range(3)]
+    else:
+        data = batches()
+    loaded, calibration = _calibrated(make(), data)
+    chosen = choose_layer_methods(
+        loaded.proto, loaded.layers, ORT_X86, calibration, data, output_index, progress=False, exhaustive=True
+    )
+    assert set(chosen.errors) == {layer.name for layer in loaded.layers}
+    measured = 0
+    for name, errors in chosen.errors.items():
+        for method, error in errors.items():
+            expected = _whole_model_error(loaded, name, method, calibration, data, chosen.channel_ranges, output_index)
+            assert error == pytest.approx(expected, rel=1e-6), (name, method)
+            measured += 1
+    assert measured >= 2 * len(loaded.layers)
+
+
+def test_the_other_outputs_layers_cannot_move_the_scored_one_and_keep_the_first_method():
+    rng = np.random.default_rng(6)
+    data = [{"X": rng.normal(size=(2, 3, 4, 4)).astype(np.float32)} for _ in range(2)]
+    loaded, calibration = _calibrated(_conv_model(), data)
+    chosen = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, calibration, data, 0, progress=False)
+    assert chosen.methods["head"] == "max"
+    assert chosen.errors["head"] == pytest.approx({m: 1e-10 for m in ("max", "percentile", "entropy")})  # SNR cap
+    # Scoring ``side`` instead, the head's candidates differ, and conv2 cannot move it.
+    side = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, calibration, data, 1, progress=False)
+    assert side.errors["head"]["max"] > 1e-9 and max(side.errors["conv2"].values()) == pytest.approx(1e-10)
+
+
+def _counting_sessions(monkeypatch) -> list[int]:
+    """Counts every run of a probe or downstream session."""
+    runs = [0]
+    make = probe.session
+
+    class Counting:
+        def __init__(self, session):
+            self.session = session
+
+        def run(self, *args, **kwargs):
+            runs[0] += 1
+            return self.session.run(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "session", lambda model: Counting(make(model)))
+    return runs
+
+
+def test_candidates_that_cannot_win_stop_early_and_the_choice_stays_the_same(monkeypatch):
+    loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
+    batches = [*_batches(), *_batches(seed=7)]
+    calibration = _calibration(batches)
+    runs = _counting_sessions(monkeypatch)
+    args = (loaded.proto, loaded.layers, ORT_X86, calibration, batches)
+    exact = choose_layer_methods(*args, progress=False, exhaustive=True)
+    exhaustive_runs, runs[0] = runs[0], 0
+    quick = choose_layer_methods(*args, progress=False)
+    assert runs[0] < exhaustive_runs
+    assert quick.methods == exact.methods
+    for layer, method in quick.methods.items():
+        assert quick.errors[layer][method] == pytest.approx(exact.errors[layer][method], rel=1e-9)
+        # A candidate stopped early holds an estimate, still above the winner's error.
+        assert all(error > quick.errors[layer][method] for m, error in quick.errors[layer].items() if m != method)
+    stopped = [(layer, m) for layer, e in quick.errors.items() for m in e if e[m] != exact.errors[layer][m]]
+    assert stopped  # entropy clips the outlier: far worse than max after a single batch
+
+
+def test_progress_goes_to_stderr_only_when_asked_and_the_time_is_logged(tmp_path, capsys, caplog):
+    loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
+    batches = _batches()
+    calibration = _calibration(batches)
+    args = (loaded.proto, loaded.layers, ORT_X86, calibration, batches)
+    with caplog.at_level(logging.INFO, logger="autotune.quant.layerwise"):
+        quiet = choose_layer_methods(*args, cache_dir=tmp_path / "quiet", progress=False)
+    assert capsys.readouterr() == ("", "")
+    assert quiet.seconds > 0
+    assert f"layerwise calibration: 2 layers in {quiet.seconds:.1f} s" in caplog.text
+    loud = choose_layer_methods(*args, cache_dir=tmp_path / "loud")
+    captured = capsys.readouterr()
+    assert captured.out == "" and "layerwise calibration" in captured.err and "3/3" in captured.err
+    # A cache hit: no bar, no time spent choosing, and the same choices.
+    again = choose_layer_methods(*args, cache_dir=tmp_path / "loud")
+    assert capsys.readouterr() == ("", "") and again.seconds == 0.0 and again == loud

@@ -1,0 +1,264 @@
+"""Single-layer probes for the layerwise calibration: one layer's candidates, run from cached FP32 activations.
+
+Quantizing one layer changes only that layer's output, so the model output of a single-layer INT8 model is the
+FP32 model up to the layer, the Q/DQ'd layer, and then the part of the model downstream of the layer's output.
+The first part is the same for every candidate: one FP32 run of the whole model (with the needed intermediate
+tensors as extra outputs) serves them all. A *probe* runs every candidate of one layer on those cached inputs in
+one session, and the layer's *downstream* model turns each candidate's output into the model output; both are
+plain ONNX Runtime sessions, so the numbers are those of the rewritten whole model
+(``autotune/quant/layerwise.py`` measures with them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper
+
+from autotune.model import Layer
+from autotune.quant.recipe import QuantRecipe
+from autotune.quant.rewrite import _consumers, _output_target, _quantizes_output
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where one layer's quantization error enters the rest of the model.
+
+    Attributes:
+        target: The tensor the quantized layer changes: its output, or the Relu output its output Q/DQ folds into.
+        nodes: The layer's node (and that Relu): what a probe runs.
+        inputs: Tensors the probe reads that are not initializers (the FP32 activations it is fed).
+        downstream: The nodes between ``target`` and the scored output, in graph order; empty when ``target``
+            is the scored output or does not reach it.
+        downstream_inputs: Tensors the downstream nodes read besides ``target`` that are not initializers.
+        reaches_output: Whether ``target`` reaches the scored output at all.
+    """
+
+    target: str
+    nodes: tuple[onnx.NodeProto, ...]
+    inputs: tuple[str, ...]
+    downstream: tuple[onnx.NodeProto, ...]
+    downstream_inputs: tuple[str, ...]
+    reaches_output: bool
+
+    @property
+    def fetched(self) -> tuple[str, ...]:
+        """Every tensor the probe and the downstream model are fed, each once."""
+        return tuple(dict.fromkeys((*self.inputs, *self.downstream_inputs)))
+
+
+def _reads(node: onnx.NodeProto) -> list[str]:
+    """The tensors a node reads, including those its subgraphs (If, Loop, Scan) capture from the outer graph."""
+    names = [name for name in node.input if name]
+    for attribute in node.attribute:
+        for graph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+            local = {*(i.name for i in graph.input), *(i.name for i in graph.initializer)}
+            for inner in graph.node:
+                local.update(inner.output)
+                names.extend(name for name in _reads(inner) if name not in local)
+    return list(dict.fromkeys(names))
+
+
+def _static_producers(graph: onnx.GraphProto, constants: set[str]) -> dict[str, int]:
+    """Tensor name to the index of its producer, for tensors computed from initializers alone (no random ops)."""
+    static: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        if node.op_type.startswith("Random") or node.op_type == "Multinomial":
+            continue
+        if all(name in constants or name in static for name in _reads(node)):
+            static.update((name, i) for name in node.output if name)
+    return static
+
+
+def find_cut(model: onnx.ModelProto, layer: Layer, recipe: QuantRecipe, output: str) -> Cut:
+    """The probe and downstream nodes of ``layer`` for the model output named ``output``. Pure.
+
+    Args:
+        model: The FP32 model (its nodes are in topological order, as ONNX requires).
+        layer: The layer to quantize alone.
+        recipe: The backend's recipe (decides whether the layer's output Q/DQ folds into a Relu).
+        output: The name of the scored model output.
+
+    Raises:
+        ValueError: No node of the model has the layer's name.
+    """
+    graph = model.graph
+    constants = {init.name for init in graph.initializer}
+    index = next((i for i, node in enumerate(graph.node) if node.name == layer.name), None)
+    if index is None:
+        raise ValueError(f"layer {layer.name!r} is not a node of the model; rebuild the layer table")
+    own = [index]
+    target = layer.output
+    if _quantizes_output(layer.op_type, recipe):
+        relu, target = _output_target(graph, _consumers(graph), layer.output, recipe)
+        if relu is not None:
+            own.append(relu)
+    nodes = [graph.node[i] for i in own]
+    inputs = [name for name in _reads(nodes[0]) if name not in constants]
+    # Forward: every node that reads something the target changes; backward: only those the output needs.
+    changed, cone = {target}, []
+    for i in range(index + 1, len(graph.node)):
+        if i not in own and any(name in changed for name in _reads(graph.node[i])):
+            cone.append(i)
+            changed.update(graph.node[i].output)
+    needed, downstream = {output}, set()
+    for i in reversed(cone):
+        if any(name in needed for name in graph.node[i].output):
+            downstream.add(i)
+            needed.update(_reads(graph.node[i]))
+    # Constants computed by nodes (Constant, shape arithmetic) are recomputed, not fed: they cost nothing to run,
+    # while caching them per batch would double the tensors the FP32 run keeps (MiniLM: 50 more).
+    static = _static_producers(graph, constants)
+    pending = [name for name in needed if name in static]
+    while pending:
+        i = static[pending.pop()]
+        if i not in downstream:
+            downstream.add(i)
+            pending.extend(name for name in _reads(graph.node[i]) if name in static)
+    ordered = [graph.node[i] for i in sorted(downstream)]
+    produced = {name for node in ordered for name in node.output}
+    cut = [
+        name
+        for node in ordered
+        for name in _reads(node)
+        if name not in produced and name not in constants and name != target
+    ]
+    return Cut(
+        target,
+        tuple(nodes),
+        tuple(inputs),
+        tuple(ordered),
+        tuple(dict.fromkeys(cut)),
+        reaches_output=output == target or output in produced,
+    )
+
+
+def _value_info(name: str, arrays: Sequence[np.ndarray]) -> onnx.ValueInfoProto:
+    """Type and shape of a tensor that takes the values ``arrays``: a dimension they disagree on stays unknown.
+
+    Batches of other sizes still run; ORT checks the fed values against the known dimensions.
+    """
+    elem_type = helper.np_dtype_to_tensor_dtype(np.asarray(arrays[0]).dtype)
+    shapes = {np.shape(array) for array in arrays}
+    if len({len(shape) for shape in shapes}) != 1:
+        return helper.make_tensor_value_info(name, elem_type, None)
+    dims = [sizes.pop() if len(sizes) == 1 else None for sizes in map(set, zip(*shapes, strict=True))]
+    return helper.make_tensor_value_info(name, elem_type, dims)
+
+
+def _submodel(
+    model: onnx.ModelProto,
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[onnx.ValueInfoProto],
+) -> onnx.ModelProto:
+    """A model of ``nodes`` of ``model`` and the initializers they read, with the given inputs and outputs."""
+    read = {name for node in nodes for name in _reads(node)}
+    initializers = [init for init in model.graph.initializer if init.name in read]
+    graph = helper.make_graph(list(nodes), model.graph.name, list(inputs), list(outputs), initializers)
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    sub.functions.extend(model.functions)
+    return sub
+
+
+def _typed_only(name: str, like: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """A value of ``like``'s element type and any shape (MatMul, Gemm, Conv and Relu output their input's type)."""
+    return helper.make_tensor_value_info(name, like.type.tensor_type.elem_type, None)
+
+
+def _prefixed(graph: onnx.GraphProto, prefix: str, keep: set[str]) -> tuple[list, list]:
+    """The graph's nodes and initializers with every name outside ``keep`` prefixed (candidates share one graph)."""
+
+    def name(tensor: str) -> str:
+        return tensor if not tensor or tensor in keep else prefix + tensor
+
+    nodes = []
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = prefix + node.name
+        copy.input[:] = [name(t) for t in node.input]
+        copy.output[:] = [name(t) for t in node.output]
+        nodes.append(copy)
+    initializers = []
+    for init in graph.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(init)
+        copy.name = name(init.name)
+        initializers.append(copy)
+    return nodes, initializers
+
+
+def single_layer_model(
+    model: onnx.ModelProto, cut: Cut, examples: Mapping[str, Sequence[np.ndarray]]
+) -> onnx.ModelProto:
+    """The layer's own nodes as a model: fed ``cut.inputs``, computing ``cut.target`` (what ``rewrite`` quantizes).
+
+    Args:
+        model: The FP32 model.
+        cut: ``find_cut`` of the layer.
+        examples: The values (one per batch) of every tensor in ``cut.inputs``: their types and shapes.
+    """
+    inputs = [_value_info(name, examples[name]) for name in cut.inputs]
+    return _submodel(model, cut.nodes, inputs, [_typed_only(cut.target, inputs[0])])
+
+
+def side_by_side(typed: Sequence[onnx.ModelProto], cut: Cut) -> onnx.ModelProto:
+    """One model that runs several rewritten versions of one layer on the same inputs.
+
+    Each of ``typed`` is ``rewrite``'s version of :func:`single_layer_model`; they share the inputs and keep their
+    own nodes and initializers, so output ``i`` is exactly what version ``i`` computes for ``cut.target``.
+    """
+    keep = set(cut.inputs)
+    nodes, initializers, outputs, opsets = [], [], [], {}
+    for i, version in enumerate(typed):
+        more_nodes, more_inits = _prefixed(version.graph, f"c{i}/", keep)
+        nodes += more_nodes
+        initializers += more_inits
+        outputs.append(_typed_only(f"c{i}/{cut.target}", version.graph.input[0]))
+        opsets.update({op.domain: max(op.version, opsets.get(op.domain, 0)) for op in version.opset_import})
+    graph = helper.make_graph(nodes, "side_by_side", list(typed[0].graph.input), outputs, initializers)
+    merged = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid(domain, version) for domain, version in opsets.items()],
+        ir_version=max(version.ir_version for version in typed),
+    )
+    merged.functions.extend(typed[0].functions)
+    return merged
+
+
+def downstream_model(
+    model: onnx.ModelProto, cut: Cut, output: str, examples: Mapping[str, Sequence[np.ndarray]]
+) -> onnx.ModelProto | None:
+    """The part of the model from ``cut.target`` to the scored output, fed the target and ``cut.downstream_inputs``.
+
+    Args:
+        model: The FP32 model.
+        cut: ``find_cut`` of the layer.
+        output: The scored output.
+        examples: The values (one per batch) of the target, of ``cut.downstream_inputs`` and of ``output``.
+
+    Returns:
+        The model, or None when the target is the scored output itself or does not reach it (nothing to run).
+    """
+    if not cut.downstream:
+        return None
+    inputs = [_value_info(name, examples[name]) for name in (cut.target, *cut.downstream_inputs)]
+    return _submodel(model, cut.downstream, inputs, [_value_info(output, examples[output])])
+
+
+def session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
+    """A CPU session that runs the nodes as written.
+
+    Graph optimizations stay off, as in the whole-model runs these sessions stand for: fusions would round the
+    Q/DQ'd layers differently, and on MiniLM's FP32 downstream parts they saved no time.
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
