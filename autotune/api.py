@@ -89,12 +89,19 @@ def check_data(config: TuneConfig, model: LoadedModel) -> None:
 
 
 def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
-    """One row per tunable layer: features plus the precisions the search may give it."""
+    """One row per tunable layer: features plus the precisions the search may give it.
+
+    ``nodes`` are the nodes one decision covers (a zero Pad before the op, the op, a Relu/Clip folded after it) and
+    ``unit`` their op types, e.g. ``Pad+Conv+Clip``.
+    """
+    op_types = {node.name: node.op_type for node in model.proto.graph.node}
     return [
         {
             "index": layer.index,
             "name": layer.name,
             "op_type": layer.op_type,
+            "nodes": list(layer.nodes or (layer.name,)),
+            "unit": "+".join(op_types.get(name, "?") for name in layer.nodes or (layer.name,)),
             "macs": layer.macs,
             "params": layer.params,
             "input_shapes": [list(s) for s in layer.input_shapes],
@@ -107,21 +114,49 @@ def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
     ]
 
 
-def resolve_plan(spec: str, space: SearchSpace) -> Plan:
-    """``fp32``, ``int8`` (every layer that allows it), another precision name, or a plan JSON file.
+def float_ops(model: LoadedModel) -> list[dict[str, str]]:
+    """The ops that stay FP32 although they are tunable or read an INT8 layer's output, each with the reason."""
+    op_types = {node.name: node.op_type for node in model.proto.graph.node}
+    return [{"name": name, "op_type": op_types.get(name, "?"), "reason": why} for name, why in model.float_ops.items()]
+
+
+def references(config: TuneConfig) -> tuple[str, ...]:
+    """The one-liners of the config's backend (``Backend.references``), e.g. ``ort-static`` for ONNX Runtime.
+
+    Raises:
+        BackendUnavailable: The backend's runtime is not installed.
+    """
+    return get_backend(config.backend, config.model).references()
+
+
+def resolve_plan(spec: str, space: SearchSpace, one_liners: tuple[str, ...] = ()) -> Plan:
+    """The plan ``--plan`` names: a precision for every layer that allows it, a one-liner, or a plan JSON file.
+
+    Args:
+        spec: ``fp32``, ``int8`` or another precision name; one of ``one_liners`` (its reference plan); or a
+            plan JSON file.
+        space: The run's search space.
+        one_liners: The backend's one-liners (``references``).
 
     Raises:
         SetupError: The file is missing or not a plan, or the plan is outside the space.
     """
     if spec in PRECISIONS:
         return space.uniform(spec)
+    if spec in one_liners:
+        return Plan.reference_plan(space.layer_names, spec)
     path = Path(spec)
     if not path.is_file():
-        raise SetupError(f"--plan {spec!r} is neither fp32/int8/... nor an existing plan JSON file")
+        offered = "/".join(PRECISIONS + one_liners)
+        raise SetupError(f"--plan {spec!r} is neither one of {offered} nor an existing plan JSON file")
     try:
         plan = Plan.from_json(path.read_text())
     except (ValueError, json.JSONDecodeError) as error:
         raise SetupError(f"{path} is not a plan: {error}") from error
+    if plan.reference is not None:  # the plan.json of an exported one-liner
+        if plan.reference not in one_liners:
+            raise SetupError(f"{path}: {plan.reference!r} is not a one-liner of this backend: {list(one_liners)}")
+        return Plan.reference_plan(space.layer_names, plan.reference)
     plan = space.plan(plan.precision_map, plan.knob_map)
     problems = space.violations(plan)
     if problems:
@@ -134,7 +169,7 @@ def evaluate(config: TuneConfig, plan_spec: str, split: str = "evaluation", isol
 
     Args:
         config: The run's config.
-        plan_spec: See ``resolve_plan``.
+        plan_spec: See ``resolve_plan``; the backend's one-liners (``references``) are offered too.
         split: ``evaluation`` or ``holdout``.
         isolate: Run the trial in a child process.
 
@@ -142,7 +177,7 @@ def evaluate(config: TuneConfig, plan_spec: str, split: str = "evaluation", isol
         The result as a JSON-ready dict, with the path of the kept model under ``artifact``.
     """
     _, space = analyze(config, profile=False)
-    plan = resolve_plan(plan_spec, space)
+    plan = resolve_plan(plan_spec, space, references(config))
     run_dir = config.run_dir
     with TrialStore(run_dir / "evaluations.sqlite") as store, Evaluator(config, store, isolate=isolate) as evaluator:
         result: TrialResult = evaluator.measure(plan, split)

@@ -16,11 +16,15 @@ class Knob:
         name: The key in ``Plan.knobs``.
         values: Allowed values; the first is the default.
         description: What it changes, for people.
+        follows_precision: The knob's values are precision names, and a uniform plan of one of them
+            (``SearchSpace.uniform``) sets the knob to it too: the torch backend's ``base_precision``, so that
+            "all FP16" means the whole module in FP16, not only its tunable layers.
     """
 
     name: str
     values: tuple[KnobValue, ...]
     description: str = ""
+    follows_precision: bool = False
 
     @property
     def default(self) -> KnobValue:

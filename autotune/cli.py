@@ -23,6 +23,13 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _one_liners() -> str:
+    """The one-liners of each backend that names them without starting its runtime, for ``--help``."""
+    from autotune.backends.onnxruntime import REFERENCES
+
+    return f"onnxruntime: {', '.join(REFERENCES)}"
+
+
 def _inspect(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
     model, space = api.analyze(config)
@@ -34,14 +41,18 @@ def _inspect(args: argparse.Namespace) -> int:
         f"{model.path}: {len(rows)} tunable layers, {len(space.searchable)} searched; knobs: "
         + ", ".join(f"{k.name}={list(k.values)}" for k in space.knobs)
     )
-    header = f"{'#':>3} {'op':<8} {'MMACs':>9} {'params':>9} {'depth':>5} {'FP32 %':>7}  {'choices':<12} name"
-    print(header)
+    print(f"{'#':>3} {'layer':<20} {'MMACs':>9} {'params':>9} {'depth':>5} {'FP32 %':>7}  {'choices':<12} name")
     for row in rows:
         share = f"{100 * row['runtime_share']:.1f}" if row["runtime_share"] is not None else "-"
         print(
-            f"{row['index']:>3} {row['op_type']:<8} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
+            f"{row['index']:>3} {row['unit']:<20} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
             f"{share:>7}  {'/'.join(row['choices']):<12} {row['name']}"
         )
+    left = api.float_ops(model)
+    if left:
+        print(f"left in FP32 ({len(left)}):")
+        for op in left:
+            print(f"    {op['op_type']} {op['name']}: {op['reason']}")
     return 0
 
 
@@ -52,16 +63,27 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
+def _summary_row(label: str, row: dict) -> str:
+    """One line of the summary table; a failed one-liner shows its error instead of numbers."""
+    if row.get("status", "ok") != "ok" or row.get("speedup") is None:
+        error = str(row.get("error") or "no result").strip().splitlines()
+        return f"{label:<12} failed: {error[-1] if error else 'no result'}"
+    return (
+        f"{label:<12} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
+        f"{row['accuracy_drop']:>9.4g}"
+    )
+
+
 def _print_summary(summary: dict) -> None:
     winner, reference = summary["winner"], summary.get("fp32_reference") or {}
     print(f"\nwinner (rank {summary['rank']}): {summary['plan']}")
-    print(f"{'':<10} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}   (held-out data, confirmed)")
-    for label, row in (("fp32", reference), ("winner", winner)):
+    print(f"{'':<12} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}   (held-out data, confirmed)")
+    rows = [("fp32", reference), *(summary.get("references") or {}).items(), ("winner", winner)]
+    for label, row in rows:
         if row:
-            print(
-                f"{label:<10} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
-                f"{row['accuracy_drop']:>9.4g}"
-            )
+            print(_summary_row(label, row))
+    if summary.get("reference_note"):
+        print(f"note: {summary['reference_note']}")
     print(
         f"accuracy budget {summary['accuracy_budget']} ({summary['metric']}); builds {summary['builds']}, "
         f"store hits {summary['cache_hits']}; exported: {', '.join(summary['files'])}"
@@ -128,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="build and measure one plan against FP32 in the same run")
     _add_config(evaluate)
     evaluate.add_argument(
-        "--plan", default="int8", help=f"a precision for every layer ({', '.join(PRECISIONS)}) or a plan JSON file"
+        "--plan",
+        default="int8",
+        help=f"a precision for every layer ({', '.join(PRECISIONS)}), one of the backend's one-liners "
+        f"({_one_liners()}), or a plan JSON file",
     )
     evaluate.add_argument("--split", choices=("evaluation", "holdout"), default="evaluation")
     evaluate.set_defaults(handler=_evaluate)

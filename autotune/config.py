@@ -322,6 +322,9 @@ class ConfirmConfig(_Strict):
     top_k: int = Field(5, gt=0)
     repeats: int = Field(10, ge=1)
     rounds: int = Field(8, ge=1)
+    references: list[str] | None = None
+    """The backend's one-liners (``ort-static``, ``ort-dynamic`` for ONNX Runtime) measured beside the finalists,
+    with this protocol; default every one the backend offers, ``[]`` for none."""
 
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -17,6 +17,9 @@ CALIBRATION_KNOB = "calibration"
 """The recipe knob that picks the calibration method a plan's quantized layers are built with."""
 GRANULARITY_KNOB = "weight_granularity"
 """The recipe knob that picks per-channel or per-tensor weight scales."""
+REFERENCE_KNOB = "reference"
+"""Marks a reference plan: the engine the backend's own one-liner builds (``Backend.references``), measured by the
+same harness as every plan. No search space offers this knob, so no strategy ever proposes such a plan."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,21 @@ class Plan:
     def uniform(cls, layers: list[str], precision: str, knobs: Mapping[str, KnobValue] | None = None) -> Plan:
         """A plan that gives every layer the same precision."""
         return cls.make({name: precision for name in layers}, knobs)
+
+    @classmethod
+    def reference_plan(cls, layers: list[str], name: str) -> Plan:
+        """The plan of the backend's one-liner ``name``.
+
+        Every layer is FP32 (the one-liner decides what it quantizes) and ``reference`` is its only knob, so its
+        hash differs from every searched plan's.
+        """
+        return cls.uniform(layers, "fp32", {REFERENCE_KNOB: name})
+
+    @property
+    def reference(self) -> str | None:
+        """The one-liner this plan stands for, or None for a plan of the search."""
+        value = self.knob_map.get(REFERENCE_KNOB)
+        return None if value is None else str(value)
 
     @property
     def precision_map(self) -> dict[str, str]:
@@ -114,6 +132,8 @@ class Plan:
 
     def describe(self) -> str:
         """One line a person can read: how many layers take each precision, the exceptions, the knobs."""
+        if self.reference is not None:
+            return f"reference {self.reference} (the backend's one-liner)"
         counts: dict[str, list[str]] = {}
         for name, precision in self.precisions:
             counts.setdefault(precision, []).append(name)

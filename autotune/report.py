@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,8 @@ from autotune.trial import TrialResult
 
 FIGURE_SIZE = (8.0, 5.0)
 DPI = 100
+REFERENCE_MARKERS = ("P", "X", "v", "^", "<", ">")
+"""Markers of the backend's one-liners in the Pareto plot, in the order they were measured."""
 PRECISION_COLOURS = {"fp32": "#9e9e9e", "fp16": "#64b5f6", "bf16": "#4db6ac", "int8": "#ef6c00", "fp8": "#ab47bc"}
 
 
@@ -30,6 +32,8 @@ class RunData:
     trials: list[TrialResult]
     confirmations: dict[str, TrialResult]
     summary: dict | None
+    references: dict[str, TrialResult] = field(default_factory=dict)
+    """The backend's one-liners, measured like the finalists (held-out data, confirmation protocol)."""
 
     @property
     def label(self) -> str:
@@ -47,8 +51,9 @@ def load_run(path: str | Path) -> RunData:
     with TrialStore(run.store) as store:
         trials = list(store.trials())
         confirmations = store.confirmations()
+        references = store.references()
     summary = json.loads(run.summary.read_text()) if run.summary.exists() else None
-    return RunData(run, config, trials, confirmations, summary)
+    return RunData(run, config, trials, confirmations, summary, references)
 
 
 def layer_sensitivities(data: RunData) -> dict[str, float]:
@@ -89,6 +94,18 @@ def plot_pareto(data: RunData, path: Path) -> None:
     if all_int8:
         best = max(all_int8, key=lambda t: t.speedup)
         axes.scatter([best.speedup], [best.accuracy_drop], marker="D", s=60, color="tab:red", label="all-INT8")
+    for index, (name, result) in enumerate(data.references.items()):
+        if result.ok:
+            axes.scatter(
+                [result.speedup],
+                [result.accuracy_drop],
+                marker=REFERENCE_MARKERS[index % len(REFERENCE_MARKERS)],
+                s=90,
+                color="tab:purple",
+                edgecolor="black",
+                zorder=4,
+                label=f"{name} (one-liner, held-out)",
+            )
     if data.summary:
         winner = data.summary["winner"]
         axes.scatter(
@@ -172,6 +189,9 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
             f"- winner: {_fmt(winner['speedup'], '.3f')}x, drop {_fmt(winner['accuracy_drop'], '.5f')} "
             f"on held-out data ({data.summary['plan']})"
         )
+        best, ratio = data.summary.get("best_reference"), data.summary.get("winner_over_best_reference")
+        if best and ratio:
+            lines.append(f"- winner against the best one-liner within the budget ({best}): {ratio:.3f}x its speed")
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
     ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget)
     winner_plan = ranked[0].plan if ranked else None
@@ -188,6 +208,7 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
             f"| {rank} | `{result.plan.hash}` | {_fmt(result.speedup, '.3f')} | {_fmt(result.accuracy_drop, '.5f')} "
             f"| {'yes' if meets_budget(result, data.config.accuracy_budget) else 'no'} | {diff_text} |"
         )
+    lines += _reference_lines(data, ranked[0] if ranked else None)
     if winner_plan is not None:
         lines += [
             "",
@@ -202,6 +223,33 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
                 f"| {_fmt(sensitivities.get(name), '.2e')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _reference_lines(data: RunData, winner: TrialResult | None) -> list[str]:
+    """The one-liners' table: each measured like the finalists, beside the winner (rank 1)."""
+    if not data.references:
+        return []
+    budget = data.config.accuracy_budget
+    lines = [
+        "",
+        "## The platform's one-liners (held-out data, longer protocol)",
+        "",
+        "| one-liner | speedup | drop | within budget | winner's speedup over it |",
+        "|---|---|---|---|---|",
+    ]
+    for name, result in data.references.items():
+        if not result.ok:
+            error = (result.error or "failed").strip().splitlines()[-1].replace("|", "/")
+            lines.append(f"| {name} | failed: {error} | - | no | - |")
+            continue
+        ratio = winner.speedup / result.speedup if winner and winner.speedup and result.speedup else None
+        lines.append(
+            f"| {name} | {_fmt(result.speedup, '.3f')} | {_fmt(result.accuracy_drop, '.5f')} "
+            f"| {'yes' if meets_budget(result, budget) else 'no'} | {_fmt(ratio, '.3f')} |"
+        )
+    if data.summary and data.summary.get("reference_note"):
+        lines += ["", f"Note: {data.summary['reference_note']}."]
+    return lines
 
 
 def report(run_dirs: list[str | Path], profile: bool = True) -> dict[str, Path]:

@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS confirmations (
     plan_hash TEXT PRIMARY KEY,
     result TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reference_results (
+    name TEXT PRIMARY KEY,
+    result TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -132,6 +136,33 @@ class TrialStore:
         """Confirmation results by plan hash."""
         rows = self._db.execute("SELECT plan_hash, result FROM confirmations").fetchall()
         return {key: TrialResult.from_dict(json.loads(text)) for key, text in rows}
+
+    def put_reference(self, result: TrialResult) -> None:
+        """Commits the measurement (held-out, confirmation protocol) of one of the platform's one-liners.
+
+        Kept apart from the trials and the confirmations: a one-liner is no build of the search and never a
+        candidate for export, only the yardstick beside it.
+
+        Raises:
+            ValueError: The result is not of a reference plan.
+            StoreError: The write failed (disk full, read-only directory).
+        """
+        name = result.plan.reference
+        if name is None:
+            raise ValueError(f"plan {result.plan_hash} is not a reference plan")
+        try:
+            with self._db:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO reference_results (name, result) VALUES (?, ?)",
+                    (name, json.dumps(result.to_dict())),
+                )
+        except sqlite3.Error as error:
+            raise StoreError(f"cannot write the reference {name} to {self.path}: {error}; {_WRITE_HINT}") from error
+
+    def references(self) -> dict[str, TrialResult]:
+        """The one-liners measured in this run, by name, in the order they were stored."""
+        rows = self._db.execute("SELECT name, result FROM reference_results ORDER BY rowid").fetchall()
+        return {name: TrialResult.from_dict(json.loads(text)) for name, text in rows}
 
     def set_meta(self, key: str, value: object) -> None:
         """Stores one JSON value of run metadata.

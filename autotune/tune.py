@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.api import analyze, check_data
+from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.harness import Evaluator
 from autotune.monitor import RunMonitor
@@ -42,6 +42,56 @@ def confirm_finalists(evaluator: Evaluator, store: TrialStore, config: TuneConfi
     return confirmed
 
 
+def confirm_references(evaluator: Evaluator, store: TrialStore, layers: list[str]) -> dict[str, TrialResult]:
+    """Measures each of the backend's one-liners once per run, with the protocol that confirms the finalists.
+
+    ``confirm.references`` picks which (default all). A resumed run reuses what was measured. They are stored
+    apart from the search's trials, so they spend no build of its budget, and apart from the finalists, so none
+    is ever exported.
+    """
+    done = store.references()
+    wanted = evaluator.config.confirm.references  # None: every one the backend offers
+    for name in evaluator.references():
+        if name not in done and (wanted is None or name in wanted):
+            done[name] = evaluator.confirm(Plan.reference_plan(layers, name))
+    return done
+
+
+def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: float) -> dict[str, Any]:
+    """The one-liners measured in a run beside its winner, for the summary.
+
+    Returns:
+        ``references`` (name to metrics, status and error), ``best_reference`` (the fastest one-liner within the
+        accuracy budget, or None), ``winner_over_best_reference`` (the winner's speedup over FP32 divided by that
+        one-liner's) and ``reference_note``: one line when a one-liner within the budget is faster than the
+        winner, else None. The winner is exported either way: the user decides.
+    """
+    references = store.references()
+    rows = {
+        name: {"plan_hash": r.plan.hash, "status": r.status, "error": r.error, **_metrics(r)}
+        for name, r in references.items()
+    }
+    within = [(name, r) for name, r in references.items() if meets_budget(r, accuracy_budget) and r.speedup]
+    best = max(within, key=lambda item: item[1].speedup, default=None)
+    note = None
+    ratio = None
+    if best is not None:
+        name, result = best
+        ratio = (winner.speedup or 0.0) / result.speedup
+        if result.speedup > (winner.speedup or 0.0):
+            note = (
+                f"the one-liner {name} beats the winner within the accuracy budget ({result.speedup:.2f}x against "
+                f"{winner.speedup or 0.0:.2f}x over FP32, held-out data); the winner is exported as ranked: "
+                f"compare them with `autotune evaluate CONFIG --plan {name}`"
+            )
+    return {
+        "references": rows,
+        "best_reference": best[0] if best else None,
+        "winner_over_best_reference": ratio,
+        "reference_note": note,
+    }
+
+
 def export_ranked(
     run: RunDir, config: TuneConfig, evaluator: Evaluator, store: TrialStore, rank: int = 1, out_dir: Path | None = None
 ) -> dict[str, Any]:
@@ -66,6 +116,7 @@ def export_ranked(
         "files": files,
         "winner": _metrics(chosen),
         "fp32_reference": _metrics(reference) if reference else None,
+        **reference_rows(store, chosen, config.accuracy_budget),
         "accuracy_budget": config.accuracy_budget,
         "metric": config.metric.name,
         "builds": len(store),
@@ -176,6 +227,14 @@ def tune(
         raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
     if strategy in PRECISIONS and strategy != "fp32" and space.uniform(strategy) == space.uniform("fp32"):
         raise ConfigError(f"strategy {strategy}: the {config.backend.name} backend offers no {strategy} layer here")
+    if config.confirm.references:
+        offered = references(config)
+        unknown = sorted(set(config.confirm.references) - set(offered))
+        if unknown:
+            raise ConfigError(
+                f"confirm.references: {unknown} not offered by the {config.backend.name} backend; "
+                f"it offers {list(offered)}"
+            )
     if resume_dir is None:
         run = RunDir.create(config)
     with TrialStore(run.store) as store:
@@ -213,6 +272,7 @@ def tune(
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
                 confirmed = confirm_finalists(evaluator, store, config, fp32)
+                confirm_references(evaluator, store, space.layer_names)
                 ranked = ranking(confirmed, config.accuracy_budget)
                 summary = export_ranked(run, config, evaluator, store)
                 summary["ranking"] = [

@@ -94,6 +94,8 @@ def run_one(
             "accuracy_drop": best_within.accuracy_drop if best_within else None,
         },
         "confirmed_winner": summary["winner"],
+        # The backend's one-liners, measured in this run like its finalists (held-out data, same protocol).
+        "references": summary.get("references") or {},
         "finished": finished,
         "wall_s": wall_s,
         # Survives interruptions, unlike wall time: what the run paid to build and measure its trials.
@@ -142,7 +144,32 @@ def table(results: list[dict], budget: int) -> tuple[str, float]:
             f"| {reach_text} | {_cell([float(r['builds']) for r in rows], '.0f')} "
             f"| {_cell([r.get('trial_s') for r in rows], '.0f')} | {_cell([r['wall_s'] for r in rows], '.0f')} |"
         )
+    lines += reference_rows(results)
     return "\n".join(lines), target
+
+
+def reference_rows(results: list[dict]) -> list[str]:
+    """One row per one-liner of the backend: its confirmed speedup and drop, as every run measured it.
+
+    Each run measures the one-liners beside its own finalists (held-out data, confirmation protocol), so the
+    cells are the median [min, max] over the runs, as the strategies' are over seeds; search columns are empty.
+    """
+    measured: dict[str, list[dict]] = {}
+    for result in results:
+        for name, row in (result.get("references") or {}).items():
+            measured.setdefault(name, []).append(row)
+    lines = []
+    for name, rows in measured.items():
+        ok = [row for row in rows if row.get("status", "ok") == "ok" and row.get("speedup") is not None]
+        if not ok:
+            error = str(rows[-1].get("error") or "failed").strip().splitlines()[-1].replace("|", "/")
+            lines.append(f"| {name} (one-liner) | {len(rows)} runs | - | failed: {error} | - | - | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {name} (one-liner) | {len(rows)} runs | - | {_cell([row['speedup'] for row in ok], '.2f')} "
+            f"| {_cell([row['accuracy_drop'] for row in ok], '.4f')} | - | - | - | - | - |"
+        )
+    return lines
 
 
 def plot(results: list[dict], budget: int, path: Path, title: str) -> None:
@@ -295,39 +322,48 @@ def reevaluate(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[di
     """Re-measures each finished run's exported winner here, one after another (see the module docstring).
 
     A fixed reference (``int8``, ``fp16``) exports FP32 whenever its uniform plan misses the budget; its row
-    measures the uniform plan itself.
+    measures the uniform plan itself. The backend's one-liners (``ort-static``, ...) follow, measured once each
+    with the same protocol, as rows of their own.
     """
     rows = []
+    config = None
+    split = "evaluation"
     for strategy, seed in runs:
         name = f"{strategy}-s{seed}"
-        config = run_config(args.config, strategy, seed, args.budget, args.out, args.set)
-        plan_file = config.run_dir / "best" / "plan.json"
-        if not (config.run_dir / "summary.json").exists() or not plan_file.exists():
+        run = run_config(args.config, strategy, seed, args.budget, args.out, args.set)
+        plan_file = run.run_dir / "best" / "plan.json"
+        if not (run.run_dir / "summary.json").exists() or not plan_file.exists():
             continue
-        config = config.model_copy(
-            update={"measure": config.measure.model_copy(update=config.confirm.model_dump(exclude={"top_k"}))}
+        config = run.model_copy(
+            update={"measure": run.measure.model_copy(update=run.confirm.model_dump(exclude={"top_k"}))}
         )
         split = "holdout" if config.data.holdout is not None else "evaluation"
         print(f"[bench] re-evaluating {name} on {split}", flush=True)
         measured = api.evaluate(config, strategy if strategy in FIXED else str(plan_file), split=split)
-        plan = Plan.from_dict(measured["plan"])
-        rows.append(
-            {
-                "strategy": strategy,
-                "seed": seed,
-                "plan": measured["plan_summary"],
-                "quantized_layers": sum(p != "fp32" for _, p in plan.precisions),
-                "layers": len(plan.precisions),
-                "knobs": plan.knob_map,
-                "speedup": measured["speedup"],
-                "accuracy_drop": measured["accuracy_drop"],
-                "within_budget": measured["accuracy_drop"] is not None
-                and measured["accuracy_drop"] <= config.accuracy_budget,
-                "error": measured["error"],
-                "split": split,
-            }
-        )
+        rows.append(_reevaluated(strategy, seed, measured, config.accuracy_budget, split))
+    if config is not None:
+        for name in api.references(config):
+            print(f"[bench] re-evaluating the one-liner {name} on {split}", flush=True)
+            rows.append(_reevaluated(name, 0, api.evaluate(config, name, split=split), config.accuracy_budget, split))
     return rows
+
+
+def _reevaluated(strategy: str, seed: int, measured: dict, accuracy_budget: float, split: str) -> dict:
+    """One row of ``reevaluated.json`` from ``api.evaluate``'s result."""
+    plan = Plan.from_dict(measured["plan"])
+    return {
+        "strategy": strategy,
+        "seed": seed,
+        "plan": measured["plan_summary"],
+        "quantized_layers": sum(p != "fp32" for _, p in plan.precisions),
+        "layers": len(plan.precisions),
+        "knobs": plan.knob_map,
+        "speedup": measured["speedup"],
+        "accuracy_drop": measured["accuracy_drop"],
+        "within_budget": measured["accuracy_drop"] is not None and measured["accuracy_drop"] <= accuracy_budget,
+        "error": measured["error"],
+        "split": split,
+    }
 
 
 def reevaluation_table(rows: list[dict]) -> str:

@@ -60,3 +60,95 @@ def test_a_backend_that_is_not_available_fails_at_once(config_file, capsys):
     assert main(["tune", str(config_file), "--set", "backend.name=tensorrt", "--no-progress"]) == 2
     assert "tensorrt" in capsys.readouterr().err
     assert not (config_file.parent / "runs" / "tiny").exists()
+
+
+def test_evaluate_measures_the_backends_one_liners(config_file, capsys, tmp_path):
+    import onnx
+
+    from autotune.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    plan_help = next(a for a in commands["evaluate"]._actions if a.dest == "plan").help
+    assert "ort-static" in plan_help and "ort-dynamic" in plan_help
+
+    assert main(["evaluate", str(config_file), "--plan", "ort-static", "--split", "holdout"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "ok" and result["split"] == "holdout"
+    assert result["plan"]["knobs"] == {"reference": "ort-static"}
+    assert result["plan_summary"] == "reference ort-static (the backend's one-liner)"
+    assert result["speedup"] == pytest.approx(result["reference_latency_ms"] / result["latency_ms"])
+    exported = onnx.load(result["artifact"])
+    assert any(node.op_type == "QuantizeLinear" for node in exported.graph.node)
+
+    assert main(["evaluate", str(config_file), "--plan", "tflite"]) == 2
+    assert "ort-static/ort-dynamic" in capsys.readouterr().err
+
+
+def test_the_printed_summary_shows_the_one_liners_beside_fp32_and_the_winner(config_file, capsys):
+    assert main(["baseline", str(config_file), "--strategy", "int8", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("(held-out data, confirmed)") :].splitlines()[1:5]
+    assert [line.split()[0] for line in table] == ["fp32", "ort-static", "ort-dynamic", "winner"], out
+    assert all(float(line.split()[1]) > 0 for line in table), out  # a speedup each, no failure
+
+
+def test_inspect_shows_each_layers_nodes_and_why_an_op_stays_fp32(tmp_path, capsys):
+    """A CNN: the conv's ReLU6 is part of its layer, an Add joining two INT8 branches is a layer, a HardSwish is not."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from autotune.config import parse_config
+
+    rng = np.random.default_rng(0)
+
+    def conv(x: str, name: str) -> onnx.NodeProto:
+        weight = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.2, f"{name}.w")
+        inits.append(weight)
+        return helper.make_node("Conv", [x, weight.name], [name], name, pads=[1, 1, 1, 1])
+
+    inits = [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    nodes = [
+        conv("x", "conv1"),
+        helper.make_node("Clip", ["conv1", "lo", "hi"], ["relu6"], "relu6"),
+        conv("relu6", "conv2"),
+        helper.make_node("Add", ["conv2", "relu6"], ["sum"], "add"),
+        helper.make_node("HardSwish", ["sum"], ["hs"], "hardswish"),
+        conv("hs", "conv3"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8, 8])],
+        [helper.make_tensor_value_info("conv3", TensorProto.FLOAT, [2, 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "cnn.onnx"))
+    config = parse_config(
+        {
+            "name": "cnn",
+            "model": {"onnx": str(tmp_path / "cnn.onnx")},
+            "data": {"calibration": {"random": 1}, "evaluation": {"random": 1}},
+            "metric": {"name": "cosine"},
+            "runs_dir": str(tmp_path / "runs"),
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "cnn",
+    )
+    path = tmp_path / "cnn.yaml"
+    path.write_text(dump_config(config))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Conv+Clip" in out and "4 tunable layers" in out
+    assert "left in FP32 (1):" in out and "HardSwish hardswish: no INT8 kernel" in out
+    assert main(["inspect", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["name"], row["unit"]) for row in rows] == [
+        ("conv1", "Conv+Clip"),
+        ("conv2", "Conv"),
+        ("add", "Add"),
+        ("conv3", "Conv"),
+    ]
+    assert rows[2]["choices"] == ["fp32", "int8"] and rows[2]["nodes"] == ["add"]

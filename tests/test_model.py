@@ -150,6 +150,34 @@ def test_conv_layer():
     assert layer.input_shapes == ((2, 3, 8, 8),)
 
 
+def test_a_layer_lists_the_nodes_its_choice_covers():
+    """A Conv's layer takes the zero Pad only it reads and a sole ReLU6 after it; a MatMul's Relu stays apart."""
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")
+    bounds = [numpy_helper.from_array(np.float32(v), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["p"], "pad"),
+        helper.make_node("Conv", ["p", "k"], ["c"], "conv"),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["r"], "relu6"),
+        helper.make_node("Flatten", ["r"], ["f"], "flatten"),
+        helper.make_node("MatMul", ["f", "w"], ["m"], "fc"),
+        helper.make_node("Relu", ["m"], ["y"], "relu"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", F, [2, 5])],
+        [pads, *bounds, _w("k", (4, 3, 3, 3)), _w("w", (256, 5))],
+    )
+    conv, fc = _prepare(model, None).layers
+    assert conv.nodes == ("pad", "conv", "relu6") and conv.activation_inputs == ("p",)
+    assert fc.nodes == ("fc",)  # a MatMul's output is float on ONNX Runtime: nothing folds into it
+
+
+def test_an_activation_matmul_left_out_is_listed_with_its_reason():
+    loaded = _prepare(_attention_like(), None)
+    assert any("both inputs are activations" in why for why in loaded.float_ops.values())
+
+
 def test_grouped_conv_macs():
     (layer,) = _prepare(_conv_model(group=4, cin=4, cout=8), None).layers
     assert layer.output_shape == (2, 8, 8, 8)

@@ -232,3 +232,19 @@ def test_hash_changes_with_one_precision(precisions, data):
     new = data.draw(st.sampled_from([p for p in PRECISIONS if p != precisions[layer]]))
     plan = Plan.make(precisions)
     assert Plan.make({**precisions, layer: new}).hash != plan.hash
+
+
+def test_a_reference_plan_is_told_apart_from_every_searched_plan():
+    from autotune.plan import REFERENCE_KNOB
+    from autotune.testing import tiny_space
+
+    space = tiny_space()
+    static = Plan.reference_plan(space.layer_names, "ort-static")
+    assert static.reference == "ort-static" and space.uniform("fp32").reference is None
+    assert static.precision_map == space.uniform("fp32").precision_map
+    assert static.hash not in {space.uniform("fp32").hash, Plan.reference_plan(space.layer_names, "ort-dynamic").hash}
+    assert static.describe() == "reference ort-static (the backend's one-liner)"
+    assert Plan.from_json(static.to_json()) == static
+    # No search space offers the knob, so no strategy proposes such a plan, and the space rejects one.
+    assert REFERENCE_KNOB not in {knob.name for knob in space.knobs}
+    assert any("unknown knob 'reference'" in problem for problem in space.violations(static))

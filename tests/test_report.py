@@ -60,3 +60,20 @@ def test_layer_sensitivities_recover_additive_drops(finished_run):
     estimates = layer_sensitivities(data)
     for name, value in truth.items():
         assert estimates[name] == pytest.approx(value, abs=1e-5)
+
+
+def test_report_shows_the_one_liners_beside_the_winner(finished_run):
+    paths = report([finished_run.run_dir], profile=False)
+    text = paths["report"].read_text()
+    data = load_run(finished_run.run_dir)
+    assert list(data.references) == ["ort-static", "ort-dynamic"]
+    section = text[text.index("## The platform's one-liners") :]
+    rows = re.findall(r"^\| (ort-\w+) \| (-?[\d.]+) \| (-?[\d.]+) \| (yes|no) \| (-?[\d.]+) \|", section, flags=re.M)
+    assert [row[0] for row in rows] == ["ort-static", "ort-dynamic"], section
+    winner = data.confirmations[data.summary["plan_hash"]]
+    for name, speedup, drop, within, ratio in rows:
+        measured = data.references[name]
+        assert float(speedup) == pytest.approx(measured.speedup, abs=1e-3)
+        assert float(drop) == pytest.approx(measured.accuracy_drop, abs=1e-5)
+        assert (within == "yes") == meets_budget(measured, finished_run.accuracy_budget)
+        assert float(ratio) == pytest.approx(winner.speedup / measured.speedup, rel=1e-3)

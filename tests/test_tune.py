@@ -171,3 +171,97 @@ def test_the_saved_config_points_at_the_same_files_from_any_working_directory(tm
     assert saved.model.onnx == project / "tiny.onnx"
     assert saved.data.evaluation.npz == project / "evaluation.npz"
     assert saved.runs_dir == project / "runs" and saved.cache_dir == project / ".cache" / "autotune"
+
+
+def test_the_one_liners_are_measured_beside_the_winner_once_and_reused_on_resume(tmp_path, monkeypatch):
+    # confirm.repeats differs from measure.repeats: the one-liners must be measured with the confirmation protocol
+    config = tiny_config(tmp_path, budget={"builds": 3}, confirm={"top_k": 1, "repeats": 4, "rounds": 1})
+    summary = tune(config, strategy="random", isolate=False, progress=False)
+    references = summary["references"]
+    assert list(references) == ["ort-static", "ort-dynamic"]
+    for name, row in references.items():
+        assert row["status"] == "ok" and row["error"] is None, (name, row)
+        assert row["split"] == "holdout" and row["protocol"] == {"warmup": 1, "repeats": 4, "rounds": 1}
+        assert row["speedup"] > 0 and row["accuracy_drop"] is not None
+    assert summary["builds"] == 3  # the one-liners spend no build of the search
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        assert len(store) == 3
+        stored = {name: result.to_dict() for name, result in store.references().items()}
+        assert not {row["plan_hash"] for row in references.values()} & set(store.confirmations())
+        assert not any(result.plan.reference for result in store.trials())
+    assert {name: row["plan_hash"] for name, row in references.items()} == {
+        name: result["plan_hash"] for name, result in stored.items()
+    }
+    within = [n for n, r in references.items() if r["accuracy_drop"] <= config.accuracy_budget]
+    best = max(within, key=lambda n: references[n]["speedup"], default=None)
+    assert summary["best_reference"] == best
+    written = json.loads((config.run_dir / "summary.json").read_text())
+    assert written["references"] == references
+
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+
+    def no_second_build(*args, **kwargs):
+        raise AssertionError("a resumed run measured a one-liner again")
+
+    monkeypatch.setattr(OnnxRuntimeCPU, "build_reference", no_second_build)
+    resumed = tune(resume_dir=config.run_dir, isolate=False, progress=False)
+    assert resumed["references"] == references
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        assert {name: result.to_dict() for name, result in store.references().items()} == stored
+
+
+def test_a_one_liner_that_fails_to_build_is_a_failed_result_and_the_run_goes_on(tmp_path, monkeypatch):
+    import onnxruntime.quantization
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("calibration exploded")
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_static", broken)
+    config = tiny_config(tmp_path, budget={"builds": 2}, confirm={"top_k": 1, "repeats": 3, "rounds": 1})
+    summary = tune(config, strategy="random", isolate=False, progress=False)
+    failed = summary["references"]["ort-static"]
+    assert failed["status"] == "failed" and failed["speedup"] is None
+    assert "quantize_static failed: RuntimeError: calibration exploded" in failed["error"]
+    assert summary["references"]["ort-dynamic"]["status"] == "ok"
+    assert summary["best_reference"] in (None, "ort-dynamic")
+    assert (config.run_dir / "best" / "model.onnx").exists()
+
+
+def test_the_summary_says_so_when_a_one_liner_beats_the_winner_within_the_budget(tmp_path):
+    from autotune.plan import Plan
+    from autotune.trial import TrialResult
+    from autotune.tune import reference_rows
+
+    layers = ["fc1", "fc2"]
+    winner = TrialResult(plan=Plan.uniform(layers, "int8"), speedup=1.2, accuracy_drop=0.001, split="holdout")
+    with TrialStore(tmp_path / "t.sqlite") as store:
+        store.put_reference(
+            TrialResult(plan=Plan.reference_plan(layers, "fast-but-wrong"), speedup=3.0, accuracy_drop=0.5)
+        )
+        rows = reference_rows(store, winner, accuracy_budget=0.01)
+        assert rows["best_reference"] is None and rows["reference_note"] is None
+        store.put_reference(TrialResult(plan=Plan.reference_plan(layers, "ort-static"), speedup=1.5, accuracy_drop=0))
+        rows = reference_rows(store, winner, accuracy_budget=0.01)
+        assert list(rows["references"]) == ["fast-but-wrong", "ort-static"]
+        assert rows["best_reference"] == "ort-static"
+        assert rows["winner_over_best_reference"] == pytest.approx(1.2 / 1.5)
+        assert (
+            "ort-static beats the winner" in rows["reference_note"] and "1.50x against 1.20x" in rows["reference_note"]
+        )
+        with pytest.raises(ValueError, match="not a reference plan"):
+            store.put_reference(winner)
+    winner.speedup = 1.6
+    with TrialStore(tmp_path / "t.sqlite") as store:
+        assert reference_rows(store, winner, accuracy_budget=0.01)["reference_note"] is None
+
+
+def test_confirm_references_picks_the_one_liners_and_rejects_unknown_ones(tmp_path):
+    confirm = {"top_k": 1, "repeats": 3, "rounds": 1}
+    config = tiny_config(tmp_path, budget={"builds": 1}, confirm={**confirm, "references": ["ort-static"]})
+    assert list(tune(config, strategy="fp32", isolate=False, progress=False)["references"]) == ["ort-static"]
+    none = tiny_config(tmp_path, name="none", budget={"builds": 1}, confirm={**confirm, "references": []})
+    assert tune(none, strategy="fp32", isolate=False, progress=False)["references"] == {}
+    bad = tiny_config(tmp_path, name="bad", confirm={**confirm, "references": ["ort-static", "tflite"]})
+    with pytest.raises(ConfigError, match=r"confirm.references: \['tflite'\] not offered by the onnxruntime"):
+        tune(bad, isolate=False, progress=False)
+    assert not bad.run_dir.exists()

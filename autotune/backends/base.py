@@ -1,4 +1,4 @@
-"""The one backend contract: capabilities, prepare, build, run, profile, export.
+"""The one backend contract: capabilities, prepare, build, run, profile, export, and the platform's one-liners.
 
 Every backend turns a plan into an engine through the same methods, whether it builds the typed ONNX graph the
 plan lowers to (ONNX Runtime, TensorRT: ``GraphBackend``) or rewrites a PyTorch module (torch). Nothing outside
@@ -39,7 +39,10 @@ class Backend(ABC):
     """Turns plans into engines and runs them.
 
     The harness calls ``prepare`` once per run, then ``build`` per plan (the FP32 reference is the all-FP32
-    plan), ``run``/``time_run`` on what it returns, and ``export`` for the winner. Subclasses import their
+    plan), ``run``/``time_run`` on what it returns, and ``export`` for the winner. ``references`` names the
+    platform's own one-liners (ONNX Runtime's ``quantize_static``, say), and ``build_reference`` builds one into
+    an artifact that ``run``, ``time_run`` and ``export`` take like any other: the harness measures them beside
+    FP32, so a user sees whether tuning beat what the platform gives in one line. Subclasses import their
     runtime lazily, so ``import autotune`` works without it.
     """
 
@@ -61,6 +64,25 @@ class Backend(ABC):
             ValueError: A searched layer cannot be built by this backend; the message says how to keep it FP32.
         """
         self.model = model
+        self.searched = tuple(searched)
+
+    def references(self) -> tuple[str, ...]:
+        """The names of the platform's one-liner engines this backend builds (none by default)."""
+        return ()
+
+    def build_reference(self, name: str, calibration: Sequence[Mapping[str, np.ndarray]], workdir: Path) -> Any:
+        """Builds the engine a user gets from the platform's one-liner ``name``, on the prepared model.
+
+        Args:
+            name: One of ``references()``.
+            calibration: The run's calibration batches, for one-liners that calibrate.
+            workdir: Where the build may keep files.
+
+        Raises:
+            BuildError: ``name`` is not a reference of this backend, or the one-liner failed.
+        """
+        offered = ", ".join(self.references()) or "none"
+        raise BuildError(f"{self.name} has no reference {name!r}; its references: {offered}")
 
     @abstractmethod
     def build(self, plan: Plan, quantization: Quantization, workdir: Path) -> Any:

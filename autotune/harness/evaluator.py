@@ -86,12 +86,28 @@ class Evaluator:
         return self._run(plan, split, protocol)
 
     def confirm(self, plan: Plan) -> TrialResult:
-        """Re-measures a finalist on held-out data with the longer confirmation protocol, and stores it."""
+        """Re-measures a finalist on held-out data with the longer confirmation protocol, and stores it.
+
+        A reference plan (one of the backend's one-liners) is measured the same way and stored apart from the
+        finalists (``TrialStore.put_reference``): never a build of the search, never a candidate for export.
+        """
         confirm = self.config.confirm
         protocol = Protocol(warmup=self.config.measure.warmup, repeats=confirm.repeats, rounds=confirm.rounds)
         result = self._run(plan, "holdout", protocol)
-        self.store.put_confirmation(result)
+        if plan.reference is not None:
+            self.store.put_reference(result)
+        else:
+            self.store.put_confirmation(result)
         return result
+
+    def references(self) -> tuple[str, ...]:
+        """The backend's one-liners (``Backend.references``), as the trial process's backend offers them."""
+        if self._inline is not None:
+            return self._inline.backend.references()
+        status, data = self._child.request("references", None, self.config.backend.timeout_s)
+        if status != "result":
+            raise BuildError(f"cannot list the backend's references: {data}")
+        return tuple(data)
 
     def export(self, plan: Plan, out_dir: Path) -> list[str]:
         """Writes a plan's deployable files."""

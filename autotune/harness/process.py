@@ -72,6 +72,8 @@ def _worker_main(connection: Any, config_data: dict, log_level: int = logging.WA
                 plan, split, protocol = payload
                 result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
                 reply = ("result", result.to_dict())
+            elif kind == "references":
+                reply = ("result", list(runner.backend.references()))
             elif kind == "export":
                 plan, out_dir = payload
                 reply = ("result", runner.export(Plan.from_dict(plan), Path(out_dir)))

@@ -51,9 +51,11 @@ class TrialRunner:
             holdout = config.data.holdout or config.data.evaluation
             self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
             calibration_data = load_dataset(config.data.calibration, self.model.inputs, "calibration", config.seed + 2)
+            self.calibration_batches = calibration_data.batches  # what the platform's one-liners calibrate on
         except (ValueError, OSError, BackendUnavailable) as error:
             raise SetupError(str(error)) from error
         self.output_index = self._output_index()
+        self._one_liners: dict[str, Any] = {}
         try:  # first: calibration runs the FP32 model too, and would fail with a less helpful message
             self.reference = self.backend.build(self.space.uniform("fp32"), NONE, config.run_dir)
         except BuildError as error:
@@ -104,7 +106,17 @@ class TrialRunner:
         return lower(self.model, plan, self.quantizations(plan), self.backend.recipe)
 
     def build(self, plan: Plan, workdir: Path) -> Any:
-        """The backend's engine of a plan."""
+        """The backend's engine of a plan, or of the one-liner a reference plan names.
+
+        A reference is built once per run (its one-liner is deterministic), so exporting it after measuring it
+        does not quantize the model again.
+        """
+        if plan.reference is not None:
+            if plan.reference not in self._one_liners:
+                self._one_liners[plan.reference] = self.backend.build_reference(
+                    plan.reference, self.calibration_batches, workdir
+                )
+            return self._one_liners[plan.reference]
         try:
             quantization = self.quantizations(plan)
         except ValueError as error:
@@ -115,7 +127,7 @@ class TrialRunner:
         """Builds, scores and times one plan; every failure comes back as a failed result."""
         protocol = protocol or Protocol(**self.config.measure.model_dump())
         start = time.perf_counter()
-        problems = self.space.violations(plan)
+        problems = self.space.violations(plan) if plan.reference is None else self._reference_problems(plan)
         if problems:
             return TrialResult.failure(plan, "plan outside the search space: " + "; ".join(problems), split=split)
         try:
@@ -150,6 +162,15 @@ class TrialRunner:
             protocol=protocol.to_dict(),
             split=split,
         )
+
+    def _reference_problems(self, plan: Plan) -> list[str]:
+        """Why a reference plan is not one of this run's: an unknown one-liner, or other layers or knobs."""
+        offered = self.backend.references()
+        if plan.reference not in offered:
+            return [f"{self.backend.name} has no reference {plan.reference!r}; its references: {list(offered)}"]
+        if plan != Plan.reference_plan(self.space.layer_names, plan.reference):
+            return [f"reference plan {plan.reference!r} must have this model's layers, all fp32, and no other knob"]
+        return []
 
     def export(self, plan: Plan, out_dir: Path) -> list[str]:
         """Builds a plan into ``out_dir`` and writes its deployable files there."""

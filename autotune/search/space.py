@@ -61,14 +61,18 @@ class SearchSpace:
         )
 
     def uniform(self, precision: str, knobs: Mapping[str, KnobValue] | None = None) -> Plan:
-        """Every layer that allows ``precision`` takes it; the rest stay FP32."""
+        """Every layer that allows ``precision`` takes it; the rest stay FP32.
+
+        A knob that ``follows_precision`` and offers ``precision`` takes it as well, unless ``knobs`` sets it.
+        """
+        following = {k.name: precision for k in self.knobs if k.follows_precision and precision in k.values}
         return self.plan(
             {
                 layer.name: precision
                 for layer, options in zip(self.layers, self.choices, strict=True)
                 if precision in options
             },
-            knobs,
+            {**following, **(knobs or {})},
         )
 
     def violations(self, plan: Plan) -> list[str]:
@@ -98,7 +102,7 @@ def _restrict_knob(knob: Knob, allowed: Sequence[KnobValue] | None) -> Knob:
     values = tuple(v for v in knob.values if v in allowed)
     if not values:
         raise ValueError(f"search.knobs.{knob.name}: none of {list(allowed)} is offered; allowed {list(knob.values)}")
-    return Knob(knob.name, values, knob.description)
+    return Knob(knob.name, values, knob.description, knob.follows_precision)
 
 
 def build_space(layers: Sequence[Layer], capabilities: Capabilities, config: SearchSpaceConfig) -> SearchSpace:

@@ -61,3 +61,67 @@ def test_profile_gives_shares_of_fp32_runtime(tiny):
     assert set(shares) == set(tiny.layer_names)
     assert all(0 < share < 1 for share in shares.values())
     assert sum(shares.values()) < 1
+
+
+def _calibration(batches: int = 4) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [{"x": rng.standard_normal((16, 32)).astype(np.float32)} for _ in range(batches)]
+
+
+def _initializer(graph: onnx.GraphProto, name: str) -> np.ndarray:
+    return next(onnx.numpy_helper.to_array(i) for i in graph.initializer if i.name == name)
+
+
+def test_ort_static_one_liner_is_uint8_activations_and_per_channel_int8_weights(tiny, tmp_path):
+    backend = OnnxRuntimeCPU()
+    backend.prepare(tiny, tiny.layer_names)
+    assert backend.references() == ("ort-static", "ort-dynamic")
+    artifact = backend.build_reference("ort-static", _calibration(), tmp_path)
+    graph = artifact.graph.graph
+    quantize = [node for node in graph.node if node.op_type == "QuantizeLinear"]
+    assert quantize, "quantize_static wrote no QDQ"
+    # Activations: uint8 with zero points (the only fast x86 recipe); weights: int8, one scale per output channel.
+    assert {_initializer(graph, node.input[2]).dtype for node in quantize} == {np.dtype(np.uint8)}
+    constants = {i.name for i in graph.initializer}
+    dequantized = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in constants]
+    weights = [n for n in dequantized if _initializer(graph, n.input[0]).dtype != np.int32]  # int32: biases
+    assert len(weights) == 4, [node.input[0] for node in weights]
+    for node in weights:
+        assert _initializer(graph, node.input[0]).dtype == np.int8
+        assert _initializer(graph, node.input[1]).size > 1, f"{node.name}: per-tensor weight scale"
+    # It runs, close to FP32, and exports the quantized graph.
+    x = _calibration(1)[0]
+    fp32 = backend.run_engine(backend.build_graph(tiny.proto, {}), x)[0]
+    out = backend.run(artifact, x)[0]
+    assert out.shape == (16, 10)
+    assert np.corrcoef(out.ravel(), fp32.ravel())[0, 1] > 0.98
+    (path,) = backend.export(artifact, Plan.reference_plan(tiny.layer_names, "ort-static"), tmp_path / "out")
+    assert any(node.op_type == "QuantizeLinear" for node in onnx.load(str(path)).graph.node)
+
+
+def test_ort_dynamic_one_liner_quantizes_weights_and_activations_at_run_time(tiny, tmp_path):
+    backend = OnnxRuntimeCPU()
+    # Only the Gemm head is searched: quantize_dynamic sees every Gemm as a MatMul, so it must be asked for MatMul.
+    backend.prepare(tiny, ["head"])
+    graph = backend.build_reference("ort-dynamic", [], tmp_path).graph.graph
+    ops = Counter(node.op_type for node in graph.node)
+    assert ops["DynamicQuantizeLinear"] == 4 and ops["MatMulInteger"] == 4, ops
+    assert ops["QuantizeLinear"] == ops["DequantizeLinear"] == 0, ops  # no static ranges
+
+
+def test_one_liners_fail_as_build_errors(tiny, tmp_path, monkeypatch):
+    backend = OnnxRuntimeCPU()
+    backend.prepare(tiny, [])
+    with pytest.raises(BuildError, match="no layer is searched"):
+        backend.build_reference("ort-static", _calibration(), tmp_path)
+    backend.prepare(tiny, tiny.layer_names)
+    with pytest.raises(BuildError, match="has no reference 'tflite'; its references: ort-static, ort-dynamic"):
+        backend.build_reference("tflite", _calibration(), tmp_path)
+    import onnxruntime.quantization
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("calibration exploded")
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_static", broken)
+    with pytest.raises(BuildError, match="ort-static: ONNX Runtime's quantize_static failed: RuntimeError: calibra"):
+        backend.build_reference("ort-static", _calibration(), tmp_path)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,12 +53,19 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     text = (out / "results.md").read_text()
     assert "Report of the runs" in text and "Unfinished" not in text
     assert "| random | 2 |" in text and "| fp32 | 1 |" in text
+    # every run measured the backend's one-liners beside its finalists: one row each, over the three runs
+    assert re.search(r"^\| ort-static \(one-liner\) \| 3 runs \| - \| \d", text, flags=re.M), text
+    assert re.search(r"^\| ort-dynamic \(one-liner\) \| 3 runs \| - \| \d", text, flags=re.M), text
     # --reevaluate measures each finished run's exported winner again, here, one after another
     again = _bench(config, out, "--reevaluate")
     assert again.returncode == 0, again.stdout + again.stderr
     rows = json.loads((out / "reevaluated.json").read_text())
-    assert [(r["strategy"], r["seed"]) for r in rows] == [("fp32", 0), ("random", 0), ("random", 1)]
-    for row in rows:
+    runs = [("fp32", 0), ("random", 0), ("random", 1)]
+    assert [(r["strategy"], r["seed"]) for r in rows] == [*runs, ("ort-static", 0), ("ort-dynamic", 0)]
+    for row in rows[3:]:  # the one-liners, measured once each after the winners
+        assert row["plan"] == f"reference {row['strategy']} (the backend's one-liner)"
+        assert row["speedup"] > 0 and row["error"] is None
+    for row in rows[:3]:
         exported = json.loads((out / "runs" / f"{row['strategy']}-s{row['seed']}" / "best" / "plan.json").read_text())
         assert row["plan"] == Plan.from_dict(exported).describe()
         assert row["speedup"] > 0 and row["error"] is None

@@ -9,14 +9,20 @@ from autotune.config import load_config
 from autotune.model import resolve_callable
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-GPU_CONFIGS = {"minilm-gpu.yaml": 8, "minilm-gpu-b1.yaml": 1, "cnn-gpu.yaml": 1}
+GPU_CONFIGS = {
+    "minilm-gpu.yaml": 8,
+    "minilm-gpu-b1.yaml": 1,
+    "minilm-gpu-b64.yaml": 64,
+    "minilm-gpu-b256.yaml": 256,
+    "cnn-gpu.yaml": 1,
+}
 
 
 @pytest.mark.parametrize(("name", "batch"), GPU_CONFIGS.items())
 def test_gpu_configs_validate_with_the_torch_backend_and_a_short_search(name, batch):
     config = load_config(CONFIGS / name)
     assert config.name == name.removesuffix(".yaml")
-    assert config.backend.name == "torch" and config.backend.options == {"device": "cuda"}
+    assert config.backend.name == "torch" and config.backend.options.model_dump() == {"device": "cuda"}
     assert config.backend.timeout_s == 300
     assert config.search.knobs == {"mode": ["compile"], "cuda_graphs": [True]}
     assert config.budget.builds == 24 and config.confirm.top_k == 3

@@ -8,11 +8,14 @@ Modules, by concept:
 
 - ``device``: ``DeviceInfo``, probing a device, ``torch_capabilities`` and the knob names.
 - ``binding``: ONNX node names -> module paths, ``bind_layers`` and ``count_calls``.
-- ``wrappers``: the wrapper modules ``CastLayer``, ``Int8Linear`` and ``Fp8Linear``.
-- ``modules``: what each module runs in (``module_choices``, ``activation_scale``) and ``rewrite_module``.
+- ``wrappers``: the wrapper modules ``CastLayer``, ``Int8Linear``, ``Fp8Linear`` and ``PrecisionBoundary``.
+- ``attention``: swapping a transformers model's attention implementation (the ``attention`` knob).
+- ``modules``: what each module runs in (``module_choices``, ``activation_scale``) and ``rewrite_module`` (the
+  base precision of the whole module, the per-layer overrides on it).
 - ``runtime``: ``TorchArtifact``, compile and CUDA graphs, runtime flags, staging feeds and timing.
 - ``export``: the exported files and ``load_exported``.
-- ``backend``: ``TorchBackend`` (the ``Backend`` contract of ``autotune.backends.base``).
+- ``backend``: ``TorchBackend`` (the ``Backend`` contract of ``autotune.backends.base``, with the one-liner
+  references ``torch-tf32``, ``torch-fp16`` and ``torch-bf16``).
 
 Importing this package does not import torch (``import torch`` inside it is absolute: PyTorch); the wrapper
 classes are defined on first access.
@@ -38,7 +41,7 @@ from autotune.backends.torch.wrappers import WRAPPER_NAMES, wrappers
 
 
 def __getattr__(name: str) -> Any:
-    """``CastLayer``, ``Int8Linear`` and ``Fp8Linear`` are defined on first access (they need torch)."""
+    """The wrapper classes (``WRAPPER_NAMES``) are defined on first access (they need torch)."""
     if name in WRAPPER_NAMES:
         return getattr(wrappers(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,8 @@
 ``prepare`` maps the layer table onto the factory's modules (``binding.py``); ``build`` rewrites a copy of the
 FP32 module with each chosen module's wrapper (``modules.py``), then compiles, warms up and captures it
 (``runtime.py``); ``export`` writes the files ``load_exported`` rebuilds it from (``export.py``).
+``build_reference`` builds the one-liners a user would write instead (``model.to(dtype)`` and
+``torch.compile(mode="reduce-overhead")``), measured like plans.
 """
 
 from __future__ import annotations
@@ -15,8 +17,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotune.backends.base import Backend, BackendUnavailable, BuildError
+from autotune.backends.torch.attention import attention_implementations
 from autotune.backends.torch.binding import bind_layers, count_calls
-from autotune.backends.torch.device import FALLBACK_KNOBS, probe_device, torch_capabilities
+from autotune.backends.torch.device import (
+    ATTENTION_KNOB,
+    BASE_PRECISION_KNOB,
+    CUDA_GRAPHS_KNOB,
+    FALLBACK_KNOBS,
+    MODE_KNOB,
+    REDUCE_OVERHEAD,
+    TF32_KNOB,
+    probe_device,
+    torch_capabilities,
+)
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.modules import module_choices, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_launch
@@ -33,6 +46,14 @@ NEEDS_FACTORY = (
     "the torch backend needs model.torch: a 'package.module:function' factory; "
     "ONNX-only models run on onnxruntime or tensorrt"
 )
+
+REFERENCES: dict[str, tuple[str, bool]] = {
+    "torch-tf32": ("fp32", True),
+    "torch-fp16": ("fp16", False),
+    "torch-bf16": ("bf16", False),
+}
+"""The one-liner references: name -> (the dtype the whole module is converted to, the TF32 flag). FP32 itself is
+the run's reference (the all-FP32 plan)."""
 
 
 class TorchBackend(Backend):
@@ -68,7 +89,7 @@ class TorchBackend(Backend):
                 f"{', a CPU-only build' if cpu_build else ''}{'; ' + self.info.name if self.info.name else ''}); "
                 f"run it on an NVIDIA GPU, or set backend.options.device: cpu for eager runs on the CPU"
             )
-        self._capabilities = torch_capabilities(self.info)
+        self._capabilities: Capabilities | None = None
         self._fp32: Any = None
         self._bindings: dict[str, str] = {}
         self._output_shapes: list[tuple[int, ...]] = []
@@ -77,7 +98,13 @@ class TorchBackend(Backend):
     # -- setup
 
     def capabilities(self) -> Capabilities:
-        """Precisions and knobs of this device and torch (``torch_capabilities``); no SmoothQuant."""
+        """Precisions and knobs of this device, torch and module (``torch_capabilities``); no SmoothQuant.
+
+        The ``attention`` knob depends on the module (``attention_implementations``), so the first call makes the
+        factory's module; ``prepare`` needs it anyway.
+        """
+        if self._capabilities is None:
+            self._capabilities = torch_capabilities(self.info, attention_implementations(self.fp32_module()))
         return self._capabilities
 
     def fp32_module(self) -> Any:
@@ -112,7 +139,7 @@ class TorchBackend(Backend):
             count_calls(module, list(model.inputs), paths),
         )
         # Only a model that binds is kept: build refuses to run before a successful prepare.
-        self.model, self._output_shapes = model, output_shapes
+        self.model, self._output_shapes, self.searched = model, output_shapes, tuple(searched)
 
     def knob_values(self, knobs: Mapping[str, KnobValue]) -> dict[str, KnobValue]:
         """Every backend knob's value for a plan's knobs: given, else the default (``FALLBACK_KNOBS`` if absent).
@@ -120,7 +147,7 @@ class TorchBackend(Backend):
         Raises:
             BuildError: An unknown knob, or a value the device does not offer.
         """
-        offered = {knob.name: knob for knob in self._capabilities.knobs}
+        offered = {knob.name: knob for knob in self.capabilities().knobs}
         values = dict(FALLBACK_KNOBS) | {knob.name: knob.default for knob in offered.values()}
         for name, value in knobs.items():
             if name in (CALIBRATION_KNOB, GRANULARITY_KNOB):
@@ -158,19 +185,83 @@ class TorchBackend(Backend):
                 f"got them for {sorted(quantization.smoothing)}"
             )
         knobs = self.knob_values(plan.knob_map)
+        base = str(knobs[BASE_PRECISION_KNOB])
         choices = module_choices(
-            plan, self.model.layers, self._bindings, quantization.ranges, quantization.layer_ranges
+            plan, self.model.layers, self._bindings, quantization.ranges, quantization.layer_ranges, base
         )
         per_channel = plan.knob(GRANULARITY_KNOB, "per_channel") == "per_channel"
+        artifact = self._make(choices, knobs, per_channel)
+        artifact.choices = {path: choice.precision for path, choice in choices.items()}
+        return artifact
+
+    def _make(self, choices: Mapping[str, Any], knobs: dict[str, KnobValue], per_channel: bool = True) -> TorchArtifact:
+        """Rewrites a copy of the FP32 module (``rewrite_module``) and makes it an artifact (``make_artifact``).
+
+        Raises:
+            BuildError: Any step failed; the message says which.
+        """
+        attention = knobs.get(ATTENTION_KNOB)
         self._release_memory()
         try:
-            module = rewrite_module(self.fp32_module(), choices, per_channel, self.info.fp8_scaling)
-            artifact = make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
+            module = rewrite_module(
+                self.fp32_module(),
+                choices,
+                per_channel,
+                self.info.fp8_scaling,
+                base=str(knobs[BASE_PRECISION_KNOB]),
+                attention=None if attention is None else str(attention),
+            )
+            return make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
         except BuildError:
             raise
         except Exception as error:  # noqa: BLE001 - compile, capture and kernel errors come in many types
             raise BuildError(f"{type(error).__name__}: {error}") from error
-        artifact.choices = {path: choice.precision for path, choice in choices.items()}
+
+    # -- the one-liner references
+
+    def references(self) -> tuple[str, ...]:
+        """The one-liners this device runs: the names of ``REFERENCES`` it offers.
+
+        ``torch-tf32`` where there is a ``tf32`` knob, ``torch-fp16`` and ``torch-bf16`` where ``base_precision``
+        offers them. FP32 is the run's reference already.
+        """
+        offered = {knob.name: knob.values for knob in self.capabilities().knobs}
+        bases = offered.get(BASE_PRECISION_KNOB, ("fp32",))
+        return tuple(
+            name for name, (base, tf32) in REFERENCES.items() if (TF32_KNOB in offered if tf32 else base in bases)
+        )
+
+    def build_reference(
+        self, name: str, calibration: Sequence[Mapping[str, np.ndarray]] = (), workdir: Path | None = None
+    ) -> TorchArtifact:
+        """Builds a one-liner, the factory's module ``.to(dtype)`` under ``torch.compile(mode="reduce-overhead")``.
+
+        That is compiled and in inductor's CUDA graphs, what a user writes; ``torch-tf32`` sets the flag only.
+        The CUDA flags other than TF32 are the FP32 reference's (the knob defaults), so the one-liner differs from
+        FP32 only in what its name says. On the CPU it runs eager, as every build there.
+
+        Args:
+            name: One of ``references()``.
+            calibration: Unused: no one-liner of this backend calibrates.
+            workdir: Unused: the module lives in memory.
+
+        Raises:
+            BuildError: An unknown or unoffered name, no ``prepare`` yet, or the build failed.
+        """
+        if name not in self.references():
+            raise BuildError(f"the torch backend on {self.device} has no reference {name!r}: {self.references()}")
+        if self._fp32 is None or self.model is None:
+            raise BuildError("the torch backend builds only after prepare(model, searched)")
+        base, tf32 = REFERENCES[name]
+        knobs = self.knob_values({})
+        knobs[BASE_PRECISION_KNOB] = base
+        knobs.pop(ATTENTION_KNOB, None)  # the factory's own attention: what the user has
+        if self.info.is_cuda:
+            knobs[TF32_KNOB] = tf32
+            if knobs[MODE_KNOB] != "eager":  # torch.compile works here
+                knobs[MODE_KNOB], knobs[CUDA_GRAPHS_KNOB] = REDUCE_OVERHEAD, False
+        artifact = self._make({}, knobs)
+        artifact.reference = name
         return artifact
 
     def _release_memory(self) -> None:

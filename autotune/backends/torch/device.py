@@ -30,8 +30,16 @@ CUDA_GRAPHS_KNOB = "cuda_graphs"
 GEMM_BACKENDS_KNOB = "gemm_backends"
 TF32_KNOB = "tf32"
 CUDNN_BENCHMARK_KNOB = "cudnn_benchmark"
+BASE_PRECISION_KNOB = "base_precision"
+ATTENTION_KNOB = "attention"
 MODES = ("compile", "eager", "max-autotune")
+REDUCE_OVERHEAD = "reduce-overhead"
+"""``torch.compile(mode="reduce-overhead")``: inductor's own CUDA graphs. Only the one-liner references
+(``TorchBackend.build_reference``) run in it; plans use ``cuda_graphs``, one graph of the whole forward."""
 GEMM_BACKENDS = ("ATEN", "ATEN,TRITON", "TRITON")
+BASE_PRECISIONS = ("fp32", "fp16", "bf16")
+"""What ``base_precision`` may take: the dtype the whole module is converted to (``module.to(dtype)``). TF32 is
+no base: it is the ``tf32`` flag, which also reaches FP32 layers inside a lower base."""
 
 FALLBACK_KNOBS: dict[str, KnobValue] = {
     MODE_KNOB: "eager",
@@ -39,8 +47,10 @@ FALLBACK_KNOBS: dict[str, KnobValue] = {
     GEMM_BACKENDS_KNOB: "ATEN",
     TF32_KNOB: False,
     CUDNN_BENCHMARK_KNOB: False,
+    BASE_PRECISION_KNOB: "fp32",
 }
-"""Values of the knobs a device does not offer: the CPU runs eager, without CUDA flags."""
+"""Values of the knobs a device does not offer: the CPU runs eager, without CUDA flags, in FP32. A module whose
+attention cannot be swapped has no ``attention`` value: it keeps its own."""
 
 
 @dataclass(frozen=True)
@@ -107,13 +117,38 @@ class DeviceInfo:
         )
 
 
-def torch_capabilities(info: DeviceInfo) -> Capabilities:
+def base_knobs(floats: tuple[str, ...], attention: tuple[str, ...] = ()) -> list[Knob]:
+    """The knobs of the whole module: ``base_precision`` (the float precisions offered) and ``attention``.
+
+    Args:
+        floats: The float precisions the device runs (``fp32`` first).
+        attention: The attention implementations the module can swap between, its own first
+            (``autotune.backends.torch.attention.attention_implementations``); no knob with fewer than two.
+    """
+    knobs = []
+    if len(floats) > 1:
+        knobs.append(
+            Knob(
+                BASE_PRECISION_KNOB,
+                floats,
+                "dtype of the whole module (module.to(dtype)); each layer's own precision overrides it",
+                follows_precision=True,
+            )
+        )
+    if len(attention) > 1:
+        knobs.append(Knob(ATTENTION_KNOB, attention, "attention implementation (transformers' attn_implementation)"))
+    return knobs
+
+
+def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Capabilities:
     """Precisions per op type and knobs for a device. Pure.
 
     Linear layers (MatMul, Gemm) take fp16, bf16 (compute capability >= 8.0 on CUDA), int8 (where
     ``torch._int_mm`` works) and fp8 (compute capability >= 8.9 and ``torch._scaled_mm`` works); Conv layers take
-    fp16 and bf16. The knobs' first values are the defaults, which the FP32 reference uses. No SmoothQuant: the
-    backend rewrites modules, and a smoothed layer's ranges would not fit its unsmoothed module.
+    fp16 and bf16. The knobs' first values are the defaults, which the FP32 reference uses: ``base_precision``
+    offers the float precisions above with ``fp32`` first, and ``attention`` (``base_knobs``) the implementations
+    in ``attention``, the module's own first. No SmoothQuant: the backend rewrites modules, and a smoothed layer's
+    ranges would not fit its unsmoothed module.
     """
     cc = info.capability or (0, 0)
     floats = ["fp32"]
@@ -130,7 +165,7 @@ def torch_capabilities(info: DeviceInfo) -> Capabilities:
     if not info.is_cuda:
         # Inductor on the CPU needs a C++ toolchain and says nothing about the GPU: the CPU runs eager, for tests.
         knob = Knob(MODE_KNOB, ("eager",), "execution mode: eager only on the CPU")
-        return Capabilities(precisions, (knob,), smoothing=False)
+        return Capabilities(precisions, (knob, *base_knobs(tuple(floats), attention)), smoothing=False)
     compiled = "compile" in info.ops
     knobs = [
         Knob(
@@ -155,6 +190,7 @@ def torch_capabilities(info: DeviceInfo) -> Capabilities:
     if cc >= (8, 0):  # TF32 units exist from Ampere on; elsewhere the flag changes nothing
         knobs.append(Knob(TF32_KNOB, (False, True), "FP32 matmuls and convolutions on TF32 tensor cores"))
     knobs.append(Knob(CUDNN_BENCHMARK_KNOB, (True, False), "cuDNN times its convolution algorithms and keeps the best"))
+    knobs += base_knobs(tuple(floats), attention)
     return Capabilities(precisions, tuple(knobs), smoothing=False)
 
 

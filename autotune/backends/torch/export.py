@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.backends.torch.device import DeviceInfo
+from autotune.backends.torch.device import ATTENTION_KNOB, BASE_PRECISION_KNOB, DeviceInfo
 from autotune.backends.torch.modules import ModuleChoice, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact
 from autotune.files import atomic_write
@@ -57,8 +57,9 @@ def write_export(
     """Writes the loadable module and how to rebuild it; returns the paths, ``module_state.pt`` first.
 
     Files: ``module_state.pt`` (the rewritten module's state dict), ``rebuild.py``, ``manifest.json`` (factory,
-    inputs, precision per module, knobs), ``plan.json``, and ``exported.pt2`` from ``torch.export`` where it
-    works (else ``export_notes.txt`` says why not).
+    inputs, base precision, attention, precision per module that differs from the base, knobs, and the one-liner
+    reference it is, if one), ``plan.json``, and ``exported.pt2`` from ``torch.export`` where it works (else
+    ``export_notes.txt`` says why not).
 
     Args:
         artifact: The built plan.
@@ -78,7 +79,10 @@ def write_export(
     manifest = {
         "factory": factory,
         "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype} for s in inputs],
+        "base_precision": artifact.knobs.get(BASE_PRECISION_KNOB, "fp32"),
+        "attention": artifact.knobs.get(ATTENTION_KNOB),
         "modules": artifact.choices,
+        "reference": artifact.reference,
         "fp8_scaling": info.fp8_scaling,
         "knobs": artifact.knobs,
         "plan_hash": plan.hash,
@@ -110,7 +114,9 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         device: Where to put the module.
 
     Returns:
-        The rewritten ``nn.Module`` in eval mode; call it like the factory's module.
+        The rewritten ``nn.Module`` in eval mode; call it like the factory's module (with a base precision other
+        than FP32 it is a ``PrecisionBoundary``: floating outputs still come back as float32). It is not compiled:
+        wrap it in ``torch.compile`` and a CUDA graph as the build did (``manifest.json`` has the knobs).
     """
     import torch
 
@@ -124,7 +130,15 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         path: ModuleChoice(precision, (0.0, 1.0) if precision in ("int8", "fp8") else None)
         for path, precision in manifest["modules"].items()
     }
-    module = rewrite_module(module, choices, per_channel=True, fp8_scaling=manifest.get("fp8_scaling"))
+    attention = manifest.get("attention")
+    module = rewrite_module(
+        module,
+        choices,
+        per_channel=True,
+        fp8_scaling=manifest.get("fp8_scaling"),
+        base=manifest.get("base_precision", "fp32"),  # exports older than the knob ran in FP32
+        attention=None if attention is None else str(attention),
+    )
     state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
     module.load_state_dict(state, strict=True)
     return module.to(device).eval()

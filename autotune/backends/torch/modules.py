@@ -1,4 +1,10 @@
-"""What each module of a plan runs in, and the rewrite that puts its wrapper (``wrappers.py``) in its place."""
+"""What each module of a plan runs in, and the rewrite that puts its wrapper (``wrappers.py``) in its place.
+
+A plan's layer precisions are absolute: the precision the layer's GEMM runs in. ``base_precision`` is what the
+rest of the module runs in (attention, softmax, LayerNorm, activations, embeddings, and layers without a module).
+A layer in the base precision needs no wrapper; any other one is wrapped: ``fp32`` inside an fp16/bf16 base is an
+FP32 override, ``fp16``/``bf16`` a cast island, ``int8``/``fp8`` a static-scale GEMM.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BuildError
+from autotune.backends.torch.attention import set_attention
 from autotune.backends.torch.wrappers import wrappers
 from autotune.plan import Plan
 from autotune.quant.qparams import activation_qparams, fp8_activation_scale
@@ -21,7 +28,7 @@ class ModuleChoice:
     """What one module runs in.
 
     Attributes:
-        precision: ``fp16``, ``bf16``, ``int8`` or ``fp8``.
+        precision: ``fp32`` (an override inside a lower base), ``fp16``, ``bf16``, ``int8`` or ``fp8``.
         activation_range: Calibrated ``(lo, hi)`` of the module's input (int8 and fp8).
     """
 
@@ -44,11 +51,14 @@ def module_choices(
     bindings: Mapping[str, str],
     ranges: Mapping[str, tuple[float, float]],
     layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
+    base: str = "fp32",
 ) -> dict[str, ModuleChoice]:
-    """Module path -> what it runs in, for the modules a plan takes out of FP32. Pure.
+    """Module path -> what it runs in, for the modules whose plan precision differs from the base. Pure.
 
     A module called from several places (several ONNX layers) needs one precision; its activation range is the
-    union of the calls' ranges. ``layer_ranges`` replaces ``ranges`` for the layers it names.
+    union of the calls' ranges. ``layer_ranges`` replaces ``ranges`` for the layers it names. A layer without a
+    module runs in the base precision, so its plan precision must be ``fp32`` (what the search gives a layer it
+    does not decide).
 
     Raises:
         BuildError: A non-FP32 layer has no module, a shared module gets two precisions, or a range is missing.
@@ -69,7 +79,7 @@ def module_choices(
             names = ", ".join(f"{layer.name}={precisions.get(layer.name, 'fp32')}" for layer in group)
             raise BuildError(f"module {path!r} runs several layers that need one precision: {names}")
         precision = chosen.pop()
-        if precision == "fp32":
+        if precision == base:
             continue
         span = None
         if precision in ("int8", "fp8"):
@@ -95,13 +105,26 @@ def _replace(root: Any, path: str, new: Any) -> Any:
     return root
 
 
-def _wrap(module: Any, choice: ModuleChoice, per_channel: bool, fp8_scaling: str | None) -> Any:
+def float_dtype(precision: str) -> Any:
+    """The torch dtype of ``fp32``, ``fp16`` or ``bf16``.
+
+    Raises:
+        BuildError: Another precision.
+    """
     import torch
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    if precision not in dtypes:
+        raise BuildError(f"{precision!r} is no float precision; use one of {sorted(dtypes)}")
+    return dtypes[precision]
+
+
+def _wrap(module: Any, choice: ModuleChoice, per_channel: bool, fp8_scaling: str | None) -> Any:
     from torch import nn
 
     modules = wrappers()
-    if choice.precision in ("fp16", "bf16"):
-        return modules.CastLayer(module, torch.float16 if choice.precision == "fp16" else torch.bfloat16)
+    if choice.precision in ("fp32", "fp16", "bf16"):
+        return modules.CastLayer(module, float_dtype(choice.precision))
     if not isinstance(module, nn.Linear):
         raise BuildError(f"{choice.precision} is for nn.Linear only, not {type(module).__name__}")
     lo, hi = choice.activation_range if choice.activation_range is not None else (0.0, 0.0)
@@ -120,28 +143,45 @@ def rewrite_module(
     choices: Mapping[str, ModuleChoice],
     per_channel: bool = True,
     fp8_scaling: str | None = "rowwise",
+    base: str = "fp32",
+    attention: str | None = None,
 ) -> Any:
     """A deep copy of ``module`` with each chosen module replaced by its wrapper; ``module`` is left as it was.
 
     Args:
         module: The FP32 ``nn.Module``.
-        choices: Module path -> what it runs in (``module_choices``).
+        choices: Module path -> what it runs in (``module_choices`` with the same ``base``).
         per_channel: INT8/FP8 weight scales per output channel, else one per tensor.
         fp8_scaling: ``rowwise`` or ``tensorwise`` (``DeviceInfo.fp8_scaling``).
+        base: ``fp32``, or ``fp16``/``bf16``: the rest of the copy is converted to that dtype and wrapped in a
+            ``PrecisionBoundary`` (floating inputs cast in, floating outputs back to float32).
+        attention: An attention implementation to switch the copy to (``attention.set_attention``), or None.
 
     Raises:
-        BuildError: A module cannot take its precision.
+        BuildError: A module cannot take its precision, or the attention cannot be switched.
     """
+    dtype = float_dtype(base)
     rewritten = copy.deepcopy(module)
+    if attention is not None:
+        set_attention(rewritten, attention)
+    # Wrappers are made from the FP32 modules first: converting the copy afterwards must not round an override's
+    # FP32 weights, nor the float32 scales and biases of the INT8/FP8 wrappers, to the base dtype.
+    wrapped = {}
     for path, choice in choices.items():
         try:
             target = rewritten.get_submodule(path) if path else rewritten
         except AttributeError as error:
             raise BuildError(f"no module {path!r} to rewrite: {error}") from error
         try:
-            rewritten = _replace(rewritten, path, _wrap(target, choice, per_channel, fp8_scaling))
+            wrapped[path] = _wrap(target, choice, per_channel, fp8_scaling)
         except BuildError:
             raise
         except Exception as error:  # noqa: BLE001 - a wrapper that fails to build is a failed build
             raise BuildError(f"{path}: {type(error).__name__}: {error}") from error
+    if base != "fp32":
+        rewritten = rewritten.to(dtype)
+    for path, new in wrapped.items():
+        rewritten = _replace(rewritten, path, new)
+    if base != "fp32":
+        rewritten = wrappers().PrecisionBoundary(rewritten, dtype)
     return rewritten

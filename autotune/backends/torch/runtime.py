@@ -21,6 +21,7 @@ from autotune.backends.torch.device import (
     CUDNN_BENCHMARK_KNOB,
     GEMM_BACKENDS_KNOB,
     MODE_KNOB,
+    REDUCE_OVERHEAD,
     TF32_KNOB,
 )
 from autotune.plan import KnobValue
@@ -85,7 +86,8 @@ class TorchArtifact:
         input_names: The inputs' names.
         device: ``cpu`` or ``cuda``.
         knobs: The backend knobs it was built with.
-        choices: Module path -> precision.
+        choices: Module path -> precision (the modules that differ from the base precision).
+        reference: The one-liner reference it is (``TorchBackend.references``), or None for a plan.
         stream: The non-default CUDA stream it runs and is timed on (None on the CPU).
         graph: The captured ``torch.cuda.CUDAGraph``, if any.
         outputs: With a graph: the output tensors it writes.
@@ -100,6 +102,7 @@ class TorchArtifact:
     device: str
     knobs: dict[str, KnobValue]
     choices: dict[str, str] = field(default_factory=dict)
+    reference: str | None = None
     stream: Any = None
     graph: Any = None
     outputs: list[Any] = field(default_factory=list)
@@ -149,7 +152,11 @@ def _raise_recompile_limit() -> None:
 
 
 def compiled(module: Any, knobs: Mapping[str, KnobValue]) -> Any:
-    """The callable a mode runs: the module, ``torch.compile`` of it, or max-autotune with the GEMM backends."""
+    """The callable a mode runs: the module, ``torch.compile`` of it, or max-autotune with the GEMM backends.
+
+    ``reduce-overhead`` (the one-liner references only) is ``torch.compile(module, mode="reduce-overhead")``, as a
+    user writes it: inductor captures its own CUDA graphs.
+    """
     import torch
 
     mode = knobs[MODE_KNOB]
@@ -158,6 +165,8 @@ def compiled(module: Any, knobs: Mapping[str, KnobValue]) -> Any:
     _raise_recompile_limit()
     if mode == "compile":
         return torch.compile(module)
+    if mode == REDUCE_OVERHEAD:
+        return torch.compile(module, mode=REDUCE_OVERHEAD)
     import torch._inductor
 
     # No CUDA graphs from inductor: the backend captures the whole forward itself when the knob says so.
@@ -180,6 +189,15 @@ def check_output_shapes(outputs: Sequence[Any], wanted: Sequence[tuple[int, ...]
     for got, shape in zip(shapes, wanted, strict=False):
         if len(got) != len(shape) or any(w >= 0 and g != w for g, w in zip(got, shape, strict=True)):
             raise BuildError(f"the module's outputs have shapes {shapes}, its ONNX export {list(wanted)}")
+
+
+def _clear_cublas_workspaces() -> None:
+    """Frees cuBLAS's cached per-stream workspaces (what inductor's CUDA graph trees do around a recording)."""
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def make_artifact(
@@ -224,8 +242,15 @@ def make_artifact(
         check_output_shapes(outputs, output_shapes)
         if knobs[CUDA_GRAPHS_KNOB]:
             graph = torch.cuda.CUDAGraph()
+            # cuBLAS keeps one workspace per stream, allocated outside any graph by the warm-up above. A graph
+            # captured with it would point at memory it does not own, and inductor's own CUDA graphs (the
+            # reduce-overhead one-liners) free those workspaces before and after each recording: our replays
+            # then hit freed memory (an illegal memory access on the H200). Cleared here, the workspace is
+            # allocated during capture, in the graph's private pool, which lives as long as the graph.
+            _clear_cublas_workspaces()
             with torch.cuda.graph(graph, stream=stream):
                 captured = artifact.launch()
+            _clear_cublas_workspaces()  # later work on this stream gets a workspace of its own, not the graph's
             artifact.graph, artifact.outputs = graph, captured
             with torch.cuda.stream(stream):
                 artifact.launch()  # a replay that fails should fail the build, not the measurement

@@ -1,6 +1,9 @@
-"""The modules a rewritten layer becomes: ``CastLayer`` (fp16/bf16), ``Int8Linear`` and ``Fp8Linear``.
+"""The modules a rewritten layer becomes (``CastLayer``, ``Int8Linear``, ``Fp8Linear``), and ``PrecisionBoundary``.
 
-- fp16 / bf16: the layer's weights in that dtype, the input cast in and the output cast back (the ONNX Casts).
+``PrecisionBoundary`` wraps a module converted to a lower base precision. Per layer:
+
+- fp32 / fp16 / bf16: the layer's weights in that dtype, the input cast in and the output cast back to the dtype
+  around it (the ONNX Casts); fp32 is an override inside a module whose base precision is fp16 or bf16.
 - int8 (Linear): symmetric int8 activations with a static scale from our calibration, int8 weights with per-channel
   (or per-tensor) scales, ``torch._int_mm`` with an int32 accumulator, rescaled to float32.
 - fp8 (Linear): e4m3 activations with a static scale, per-channel e4m3 weights, ``torch._scaled_mm``.
@@ -27,7 +30,7 @@ INT8_PAD_ROWS = 32
 FP8_ROW_MULTIPLE = 16
 """``torch._scaled_mm`` on CUDA needs a multiple of 16 rows."""
 
-WRAPPER_NAMES = ("CastLayer", "Int8Linear", "Fp8Linear")
+WRAPPER_NAMES = ("CastLayer", "Int8Linear", "Fp8Linear", "PrecisionBoundary")
 
 
 def _define_cast_layer() -> Any:
@@ -36,7 +39,7 @@ def _define_cast_layer() -> Any:
     from torch import nn
 
     class CastLayer(nn.Module):
-        """A Linear or Conv with weights in fp16/bf16; the input is cast in and the output back to its dtype."""
+        """A Linear or Conv with weights in ``dtype``; the input is cast in and the output back to its dtype."""
 
         def __init__(self, layer: nn.Module, dtype: torch.dtype):
             super().__init__()
@@ -198,13 +201,50 @@ def _define_fp8_linear() -> Any:
     return Fp8Linear
 
 
+def _define_precision_boundary() -> Any:
+    """The wrapper class of a module converted to a lower base precision."""
+    import torch
+    from torch import nn
+    from torch.utils import _pytree as pytree
+
+    class PrecisionBoundary(nn.Module):
+        """A module converted to ``dtype`` (``module.to(dtype)``), called like the FP32 one.
+
+        Floating inputs are cast to ``dtype`` (integer ones, token ids and masks, pass as they are); floating
+        outputs come back as float32, so scores, exports and callers see the FP32 module's interface.
+        """
+
+        def __init__(self, model: nn.Module, dtype: torch.dtype):
+            super().__init__()
+            self.model = model
+            self.compute_dtype = dtype
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            def cast_in(t: torch.Tensor) -> torch.Tensor:
+                return t.to(self.compute_dtype) if t.is_floating_point() else t
+
+            def cast_out(t: torch.Tensor) -> torch.Tensor:
+                return t.float() if t.is_floating_point() else t
+
+            args, kwargs = pytree.tree_map_only(torch.Tensor, cast_in, (args, kwargs))
+            return pytree.tree_map_only(torch.Tensor, cast_out, self.model(*args, **kwargs))
+
+        def extra_repr(self) -> str:
+            return f"compute_dtype={self.compute_dtype}"
+
+    return PrecisionBoundary
+
+
 @functools.cache
 def wrappers() -> Any:
-    """The wrapper classes (``.CastLayer``, ``.Int8Linear``, ``.Fp8Linear``), defined on first use."""
+    """The wrapper classes (``.CastLayer``, ``.Int8Linear``, ``.Fp8Linear``, ``.PrecisionBoundary``), on first use."""
     import types
 
     namespace = types.SimpleNamespace(
-        CastLayer=_define_cast_layer(), Int8Linear=_define_int8_linear(), Fp8Linear=_define_fp8_linear()
+        CastLayer=_define_cast_layer(),
+        Int8Linear=_define_int8_linear(),
+        Fp8Linear=_define_fp8_linear(),
+        PrecisionBoundary=_define_precision_boundary(),
     )
     for name in WRAPPER_NAMES:  # importable by name (pickle, torch.save of whole modules, people)
         cls = getattr(namespace, name)
@@ -214,7 +254,7 @@ def wrappers() -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """``Int8Linear``, ``Fp8Linear`` and ``CastLayer`` are defined on first access (they need torch)."""
+    """The classes of ``WRAPPER_NAMES`` are defined on first access (they need torch)."""
     if name in WRAPPER_NAMES:
         return getattr(wrappers(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -261,6 +261,17 @@ def test_bad_placements_fail():
     assert any("fc3__a2__DQ" in p and "feeds Softmax 'soft'" in p for p in problems), problems
 
 
+def test_an_add_with_one_dequantized_input_fails():
+    _, _, _, _, out = typed("mlp")
+    dq = _node(out, "fc3__a2__DQ")
+    out.graph.node.append(helper.make_node("Add", [dq.output[0], "x"], ["half"], "half_quantized"))
+    problems = qdq_problems(out)
+    assert any("Add 'half_quantized'" in p and "both inputs of a residual Add" in p for p in problems), problems
+    # Both inputs dequantized, or a constant next to a dequantized one: no problem.
+    out.graph.node[-1].input[1] = dq.output[0]
+    assert qdq_problems(out) == []
+
+
 def test_runtime_scale_fails():
     _, _, _, _, out = typed("mlp")
     q = _node(out, "fc1__x__Q")

@@ -48,7 +48,8 @@ def test_conv_takes_floats_only_and_bf16_needs_ampere():
 
 def test_cuda_knobs_and_their_defaults():
     knobs = {k.name: k for k in torch_capabilities(_cuda((9, 0))).knobs}
-    assert list(knobs) == ["mode", "cuda_graphs", "gemm_backends", "tf32", "cudnn_benchmark"]
+    assert list(knobs) == ["mode", "cuda_graphs", "gemm_backends", "tf32", "cudnn_benchmark", "base_precision"]
+    assert knobs["base_precision"].values == ("fp32", "fp16", "bf16")  # FP32 first: the reference's default
     assert knobs["mode"].values == ("compile", "eager", "max-autotune")
     assert knobs["cuda_graphs"].values == (True, False)
     assert knobs["gemm_backends"].values == ("ATEN", "ATEN,TRITON", "TRITON")
@@ -61,7 +62,10 @@ def test_cuda_knobs_and_their_defaults():
 def test_cpu_has_no_cuda_knobs_and_offers_what_its_probe_found():
     info = DeviceInfo("cpu", "2.13.0+cpu", ops=frozenset({"fp16", "bf16", "int8"}))
     capabilities = torch_capabilities(info)
-    assert [(k.name, k.values) for k in capabilities.knobs] == [("mode", ("eager",))]
+    assert [(k.name, k.values) for k in capabilities.knobs] == [
+        ("mode", ("eager",)),
+        ("base_precision", ("fp32", "fp16", "bf16")),
+    ]
     assert capabilities.precisions_for("MatMul") == ("fp32", "fp16", "bf16", "int8")
     assert capabilities.precisions_for("Conv") == ("fp32", "fp16", "bf16")
     assert "int8" in CPU_OPS  # torch._int_mm runs on the CPU
