@@ -191,7 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; errors a user can fix are printed without a traceback."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    # Progress notes (model export, calibration time) go to stderr unless the run was asked to be quiet.
+    quiet = getattr(args, "no_progress", False)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format=LOG_FORMAT)
     from autotune.backends import BackendUnavailable, BuildError
     from autotune.extras import MissingExtra
     from autotune.harness import SetupError

@@ -16,7 +16,14 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from autotune.extras import MissingExtra
-from autotune.optypes import TUNABLE_OP_TYPES
+from autotune.optypes import (
+    CONV_OP_TYPES,
+    FOLDED_ACTIVATIONS,
+    INT8_OUTPUT_OP_TYPES,
+    WEIGHTED_OP_TYPES,
+    WEIGHTLESS_OP_TYPES,
+)
+from autotune.units import GraphIndex
 
 
 class ModelError(ValueError):
@@ -36,9 +43,15 @@ class InputSpec:
 class Layer:
     """One tunable layer and the features an agent can use to choose its precision.
 
+    A layer is one decision of the search, and may cover several nodes (``nodes``): the op, a zero ``Pad`` that
+    only it reads (before a Conv or AveragePool) and, for a layer whose INT8 output can stay INT8 (a conv or a
+    weightless layer), the ``Relu`` or ``Clip`` that alone reads its output. Its INT8 output is then the
+    activation's output, so the activation runs inside the integer kernel instead of between two.
+
     Attributes:
         name: The ONNX node name (unique; unnamed nodes get one on load).
-        op_type: Conv, ConvTranspose, Gemm or MatMul.
+        op_type: A tunable op type (``autotune.optypes``): Conv, ConvTranspose, Gemm, MatMul, or a weightless op
+            such as an Add that joins two INT8 branches.
         index: Position in the layer table (graph order).
         activation_inputs: Tensors quantized as activations when the layer runs in INT8.
         weight: The constant weight initializer, or None for an activation x activation MatMul.
@@ -51,6 +64,7 @@ class Layer:
         params: Number of weight and bias elements.
         depth: Longest path from a graph input, in nodes.
         runtime_share: This layer's share of FP32 runtime, where the backend could profile it.
+        nodes: Every node the layer's choice covers, in graph order; empty for the op alone.
     """
 
     name: str
@@ -67,6 +81,7 @@ class Layer:
     params: int
     depth: int
     runtime_share: float | None = None
+    nodes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -83,6 +98,8 @@ class LoadedModel:
         inputs: Input specs at the configured shapes.
         layers: The tunable layers, in graph order.
         hash: Content hash of the model (graph and weights).
+        output_names: The graph outputs, in order.
+        float_ops: Node name to why it stays FP32 although it is tunable or sits on an INT8 layer's output.
     """
 
     proto: onnx.ModelProto
@@ -91,6 +108,7 @@ class LoadedModel:
     layers: list[Layer]
     hash: str
     output_names: list[str] = field(default_factory=list)
+    float_ops: dict[str, str] = field(default_factory=dict)
 
     @property
     def layer_names(self) -> list[str]:
@@ -328,18 +346,81 @@ def _macs(op_type: str, weight_shape: tuple[int, ...], out_shape: tuple[int, ...
     return 0
 
 
-def build_layer_table(model: onnx.ModelProto, include_activation_matmuls: bool = False) -> list[Layer]:
+def _weight_index(
+    node: onnx.NodeProto, initializers: dict, constants: dict, include_activation_matmuls: bool
+) -> int | str | None:
+    """The input slot of a weighted op's weight (None: activation x activation MatMul), or why it is no layer."""
+    data_inputs = list(node.input[:2])
+    weight_index = next((i for i, name in enumerate(data_inputs) if name in initializers), None)
+    if weight_index is None and any(name in constants for name in data_inputs):
+        return "its weight is a Constant node: fold constants first"
+    if weight_index is None and not (node.op_type == "MatMul" and include_activation_matmuls):
+        if node.op_type == "MatMul":
+            return "both inputs are activations (model.include_activation_matmuls tunes these)"
+        return "its weight is not a constant initializer"
+    if node.op_type in CONV_OP_TYPES and weight_index != 1:
+        return "its weight is not a constant initializer"
+    if node.op_type == "Gemm" and weight_index == 0:
+        return "a Gemm with the weight first (W @ x) stays FP32"
+    return weight_index
+
+
+def _weightless_reason(node: onnx.NodeProto, index: GraphIndex, int8_tensors: set[str]) -> str | None:
+    """Why a weightless op cannot be an INT8 layer (an input that is not an INT8 layer's output), or None.
+
+    An op that reads no INT8 layer's output at all (shape arithmetic, a float branch) is no candidate: its reason
+    is the empty string, which is not listed.
+    """
+    names = list(dict.fromkeys(name for name in node.input if name))
+    if not any(index.int8_source(name, int8_tensors) for name in names):
+        return ""
+    for name in names:
+        if index.int8_source(name, int8_tensors) is not None:
+            continue
+        producer = index.producer.get(name)
+        if index.constant(name) is not None:
+            source = "a constant"
+        elif producer is None:
+            source = "a graph input"
+        else:
+            source = f"{index.graph.node[producer].op_type} {index.graph.node[producer].name!r}"
+        return f"input {name!r} comes from {source}, not from a layer whose output can stay INT8"
+    return None
+
+
+def _float_reason(node: onnx.NodeProto, position: int, index: GraphIndex, int8_tensors: set[str]) -> str | None:
+    """Why an op that reads an INT8 layer's output runs in FP32 between INT8 layers, or None if it does not."""
+    if node.op_type in ("Shape", "Size") or index.value_preserving(position):
+        return None
+    if not any(index.int8_source(name, int8_tensors) for name in node.input if name):
+        return None
+    if node.op_type in FOLDED_ACTIVATIONS:
+        return f"the {node.op_type} is not the only reader of a layer's output, so it cannot fold into it: FP32"
+    return f"no INT8 kernel for {node.op_type}: runs in FP32 between INT8 layers (dequantized before it)"
+
+
+def build_layer_table(
+    model: onnx.ModelProto, include_activation_matmuls: bool = False, float_ops: dict[str, str] | None = None
+) -> list[Layer]:
     """Finds the tunable layers of a shape-inferred model and computes their features.
+
+    A weighted op (Conv, ConvTranspose, Gemm, MatMul with a constant weight) is a layer. A weightless op of
+    ``autotune.optypes.WEIGHTLESS_OP_TYPES`` is one where every input comes, unchanged, from a layer whose
+    output can stay INT8 (a convolution or another such op): an Add joining two INT8 branches, pooling after a
+    convolution. Each layer covers the zero Pad only it reads and the Relu/Clip that alone reads its output.
 
     Args:
         model: A model with unique node names and inferred shapes.
         include_activation_matmuls: Also list MatMuls whose both inputs are activations (QK^T, AV).
+        float_ops: Filled with node name to why it stays FP32 (a tunable op type that is no layer, or an op
+            without an INT8 kernel that reads an INT8 layer's output), when given.
 
     Returns:
         The layers in graph order.
     """
     graph = model.graph
-    initializers = {init.name: init for init in graph.initializer}
+    index = GraphIndex(graph)
+    initializers = index.initializers
     constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
     shapes: dict[str, tuple[int, ...]] = {}
     for value in [*graph.input, *graph.value_info, *graph.output]:
@@ -348,34 +429,50 @@ def build_layer_table(model: onnx.ModelProto, include_activation_matmuls: bool =
     for init in graph.initializer:
         shapes[init.name] = tuple(init.dims)
     depths = _depths(graph)
+    reasons: dict[str, str] = {}
+    int8_tensors: set[str] = set()  # outputs of layers that a backend can keep INT8 for their readers
 
     layers: list[Layer] = []
-    for node in graph.node:
-        if node.op_type not in TUNABLE_OP_TYPES:
+    for position, node in enumerate(graph.node):
+        if node.op_type in WEIGHTED_OP_TYPES:
+            weight_index = _weight_index(node, initializers, constants, include_activation_matmuls)
+        elif node.op_type in WEIGHTLESS_OP_TYPES:
+            weight_index = _weightless_reason(node, index, int8_tensors)
+        else:
+            reason = _float_reason(node, position, index, int8_tensors)
+            if reason is not None:
+                reasons[node.name] = reason
             continue
-        data_inputs = list(node.input[:2])
-        weight_index = next((i for i, name in enumerate(data_inputs) if name in initializers), None)
-        if weight_index is None and any(name in constants for name in data_inputs):
-            continue  # weights in Constant nodes: fold constants first
-        if weight_index is None and not (node.op_type == "MatMul" and include_activation_matmuls):
+        if isinstance(weight_index, str):
+            if weight_index:
+                reasons[node.name] = weight_index
             continue
-        if node.op_type in ("Conv", "ConvTranspose") and weight_index != 1:
-            continue
+        if node.op_type in WEIGHTED_OP_TYPES:
+            data_inputs = list(node.input[:2])
+        else:
+            data_inputs, weight_index = list(dict.fromkeys(name for name in node.input if name)), None
         weight = data_inputs[weight_index] if weight_index is not None else None
         activations = tuple(name for i, name in enumerate(data_inputs) if i != weight_index)
         bias = node.input[2] if len(node.input) > 2 and node.input[2] in initializers else None
-        if node.op_type == "Gemm" and weight_index == 0:
-            continue  # W @ x as Gemm is rare; leave it FP32
+        bias = bias if node.op_type in WEIGHTED_OP_TYPES else None
         weight_shape = tuple(initializers[weight].dims) if weight else ()
         in_shapes = [_shape_of(shapes, name) for name in activations]
         out_shape = _shape_of(shapes, node.output[0])
         params = int(np.prod(weight_shape)) if weight else 0
         if bias:
             params += int(np.prod(initializers[bias].dims))
-        if node.op_type == "MatMul" and weight is None:
+        if node.op_type not in WEIGHTED_OP_TYPES:
+            macs = 0
+        elif node.op_type == "MatMul" and weight is None:
             macs = _macs("MatMul", (), out_shape, in_shapes)
         else:
             macs = _macs(node.op_type, weight_shape, out_shape, in_shapes)
+        pads = [index.exclusive_pad(name, position) for name in activations]
+        covered = [graph.node[i].name for i in pads if i is not None] + [node.name]
+        if node.op_type in INT8_OUTPUT_OP_TYPES:
+            int8_tensors.add(index.unit_output(position))
+            activation = index.folded_activation(node.output[0])
+            covered += [graph.node[activation].name] if activation is not None else []
         layers.append(
             Layer(
                 name=node.name,
@@ -391,8 +488,11 @@ def build_layer_table(model: onnx.ModelProto, include_activation_matmuls: bool =
                 macs=macs,
                 params=params,
                 depth=depths[node.name],
+                nodes=tuple(covered),
             )
         )
+    if float_ops is not None:
+        float_ops.update(reasons)
     return layers
 
 
@@ -418,7 +518,8 @@ def prepare_model(
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{path} fails the ONNX checker: {error}") from error
     inferred = shape_inference.infer_shapes(model, data_prop=True)
-    layers = build_layer_table(inferred, include_activation_matmuls)
+    float_ops: dict[str, str] = {}
+    layers = build_layer_table(inferred, include_activation_matmuls, float_ops)
     if not layers:
         raise ModelError(
             f"{path} has no tunable layer (Conv, ConvTranspose, Gemm, or MatMul with a constant weight); "
@@ -431,6 +532,7 @@ def prepare_model(
         layers=layers,
         hash=model_hash(inferred),
         output_names=[o.name for o in inferred.graph.output],
+        float_ops=float_ops,
     )
 
 

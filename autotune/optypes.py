@@ -4,14 +4,59 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-TunableOp = Literal["Conv", "ConvTranspose", "Gemm", "MatMul"]
-"""An op type with weights whose precision a plan chooses (the config's ``search.op_types`` takes these)."""
+TunableOp = Literal[
+    "Conv",
+    "ConvTranspose",
+    "Gemm",
+    "MatMul",
+    "Add",
+    "Mul",
+    "Concat",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Sigmoid",
+    "LeakyRelu",
+]
+"""An op type whose precision a plan chooses (the config's ``search.op_types`` takes these)."""
 
 TUNABLE_OP_TYPES: tuple[str, ...] = get_args(TunableOp)
-"""Every tunable op type, in a fixed order (the observation's one-hot follows it)."""
+"""Every tunable op type, in a fixed order."""
+
+WEIGHTED_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+"""Tunable ops with a weight (the observation's one-hot follows this order)."""
 
 MATMUL_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
 """Tunable ops that are matrix products (``nn.Linear`` in PyTorch; SmoothQuant applies to them)."""
 
 CONV_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose")
 """Tunable ops that are convolutions."""
+
+WEIGHTLESS_OP_TYPES: tuple[str, ...] = tuple(op for op in TUNABLE_OP_TYPES if op not in WEIGHTED_OP_TYPES)
+"""Ops without a weight that keep INT8 between quantized layers: ONNX Runtime has integer kernels for them
+(QLinearAdd, QLinearMul, QLinearConcat, QLinearAveragePool, QLinearGlobalAveragePool, QLinearSigmoid,
+QLinearLeakyRelu), as its QDQ quantizer assumes. One is a layer only where every input it reads comes from a layer
+whose output can be INT8 (``autotune.model.build_layer_table``)."""
+
+INT8_OUTPUT_OP_TYPES: tuple[str, ...] = (*CONV_OP_TYPES, *WEIGHTLESS_OP_TYPES)
+"""Layers whose INT8 output a backend may keep INT8 for the next layer (a MatMul or Gemm returns float on ONNX
+Runtime: MatMulIntegerToFloat, QGemm with a float output)."""
+
+FOLDED_ACTIVATIONS: tuple[str, ...] = ("Relu", "Clip")
+"""Activations that fold into the layer before them: the layer's output Q/DQ goes after the activation, whose
+saturation the quantized range then does (ONNX Runtime's QDQ quantizer removes them; its optimizer fuses them)."""
+
+VALUE_PRESERVING_OP_TYPES: tuple[str, ...] = (
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "MaxPool",
+    "Slice",
+    "DepthToSpace",
+    "SpaceToDepth",
+)
+"""Ops whose every output value is one of their input's values: a quantized input stays exact on the same grid,
+so a quantized reader takes the same scale and zero point and the backend runs the op on the integers (ONNX
+Runtime drops the Q/DQ pair around it). ``Resize`` in ``nearest`` mode and a zero ``Pad`` are handled apart."""

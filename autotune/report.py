@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from autotune.config import TuneConfig
-from autotune.rundir import RunDir, write_atomic
+from autotune.files import atomic_write
+from autotune.rundir import RunDir
 from autotune.search.estimate import fit_additive
 from autotune.search.reward import meets_budget, reward
 from autotune.search.select import pareto_front, ranking
@@ -281,5 +282,5 @@ def report(run_dirs: list[str | Path], profile: bool = True) -> dict[str, Path]:
         plot_layers(data, winner.plan.precision_map, sensitivities, shares, paths["layers"])
     paths["report"] = out / "report.md"
     figures = [str(p) for key, p in paths.items() if key != "report"]
-    write_atomic(paths["report"], _markdown(data, sensitivities, shares, figures))
+    atomic_write(paths["report"], _markdown(data, sensitivities, shares, figures))
     return paths

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from autotune.config import ConfigError, TuneConfig, dump_config, load_config
+from autotune.files import atomic_write
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ class RunDir:
             pinned = config.model_copy(
                 update={"runs_dir": config.runs_dir.resolve(), "cache_dir": config.cache_dir.resolve()}
             )
-            write_atomic(run.config, dump_config(pinned))
+            atomic_write(run.config, dump_config(pinned))
         except OSError as error:
             raise ConfigError(f"cannot write the run directory {run.root}: {error}") from error
         return run
@@ -88,23 +85,3 @@ class RunDir:
         if not run.config.is_file():
             raise ConfigError(f"{run.root} is not a run directory (no config.yaml); runs live in runs/<name>")
         return run, load_config(run.config)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Writes a file so that readers see the old or the new content, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Writes JSON atomically."""
-    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")

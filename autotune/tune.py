@@ -8,10 +8,11 @@ from typing import Any
 
 from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
+from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, Plan
-from autotune.rundir import RunDir, write_json
+from autotune.rundir import RunDir
 from autotune.search.estimate import RefittedEstimates
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order, ranking

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.trial",
         "autotune.measure",
     ),
-    ("autotune.model", "autotune.data", "autotune.metrics", "autotune.store", "autotune.rundir"),
+    ("autotune.model", "autotune.units", "autotune.data", "autotune.metrics", "autotune.store", "autotune.rundir"),
     ("autotune.quant", "autotune.search"),
     ("autotune.backends",),
     ("autotune.harness",),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,8 @@ def choose_layerwise(
             config.cache_dir / "calibration",
             model.hash,
             candidates,
-            # The bar shows where a first run's minutes go; a run that is not watched (tests) hides it.
-            progress=log.isEnabledFor(logging.INFO),
+            # The bar shows a person where a first run's minutes go; logs and captured output get the summary line.
+            progress=log.isEnabledFor(logging.INFO) and sys.stderr.isatty(),
         )
     except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
         raise SetupError(

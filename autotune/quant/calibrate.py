@@ -12,8 +12,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
+
+from autotune.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -515,21 +515,8 @@ def _load_cache(path: Path, tensors: Sequence[str]) -> dict[str, TensorStats] | 
     return {name: stats[name] for name in dict.fromkeys(tensors)}
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Writes a file atomically, so a crash or a concurrent reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
-
-
 def _write_cache(path: Path, stats: Mapping[str, TensorStats]) -> None:
-    atomic_write_text(
+    atomic_write(
         path, json.dumps({"format": _CACHE_FORMAT, "stats": {name: s.to_dict() for name, s in stats.items()}})
     )
 

@@ -40,6 +40,7 @@ import onnx
 from onnx import numpy_helper
 from tqdm import tqdm
 
+from autotune.files import atomic_write
 from autotune.metrics import SNR_CAP_DB
 from autotune.model import Layer
 from autotune.plan import Plan
@@ -47,7 +48,6 @@ from autotune.quant import probe
 from autotune.quant.calibrate import (
     METHODS,
     Calibration,
-    atomic_write_text,
     data_hash,
     read_cache,
     session_with_outputs,
@@ -430,7 +430,7 @@ def choose_layer_methods(
     if path is not None:
         payload = {"format": _CACHE_FORMAT, "methods": chosen.methods, "errors": chosen.errors, "channels": channels}
         try:
-            atomic_write_text(path, json.dumps(payload))
+            atomic_write(path, json.dumps(payload))
         except OSError as error:  # a cache that cannot be written only costs time
             logger.warning("cannot write the layerwise calibration cache %s (%s)", path, error)
     return chosen

@@ -98,7 +98,9 @@ def find_cut(model: onnx.ModelProto, layer: Layer, recipe: QuantRecipe, output: 
         if relu is not None:
             own.append(relu)
     nodes = [graph.node[i] for i in own]
-    inputs = [name for name in _reads(nodes[0]) if name not in constants]
+    # A folded Clip reads its bounds too (from Constant nodes in PyTorch's legacy export): the probe is fed them.
+    inside = {name for node in nodes for name in node.output}
+    inputs = list(dict.fromkeys(n for node in nodes for n in _reads(node) if n not in constants and n not in inside))
     # Forward: every node that reads something the target changes; backward: only those the output needs.
     changed, cone = {target}, []
     for i in range(index + 1, len(graph.node)):

@@ -37,13 +37,17 @@ def _safe_scale(scale: np.ndarray | np.floating) -> np.ndarray:
     return np.where(bad, _FALLBACK_SCALE, scale).astype(np.float32)
 
 
-def activation_qparams(lo: float, hi: float, dtype: str) -> tuple[np.float32, np.uint8 | np.int8]:
+def activation_qparams(
+    lo: float, hi: float, dtype: str, scale_bounds: tuple[float, float] | None = None
+) -> tuple[np.float32, np.uint8 | np.int8]:
     """Scale and zero point for an activation with calibrated range ``[lo, hi]``.
 
     Args:
         lo: Calibrated minimum (widened to include 0, so that 0 is exactly representable).
         hi: Calibrated maximum (widened to include 0).
         dtype: ``"uint8"`` (asymmetric) or ``"int8"`` (symmetric, zero point 0).
+        scale_bounds: ``(smallest, largest)`` scale an integer kernel can requantize to (see
+            :func:`pooling_scale_bounds`); the scale is clamped into it and the zero point follows.
 
     Returns:
         ``(scale, zero_point)``: a strictly positive float32 scale and a zero point of ``dtype``.
@@ -56,12 +60,28 @@ def activation_qparams(lo: float, hi: float, dtype: str) -> tuple[np.float32, np
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     if dtype == "uint8":
         scale = _safe_scale(np.float32((hi - lo) / 255.0))
-        zero_point = np.clip(np.rint(-lo / float(scale)), 0, 255)
-        return np.float32(scale), np.uint8(zero_point)
-    if dtype == "int8":
+    elif dtype == "int8":
         scale = _safe_scale(np.float32(max(abs(lo), abs(hi)) / 127.0))
+    else:
+        raise ValueError(f"activation dtype must be 'uint8' or 'int8', not {dtype!r}")
+    if scale_bounds is not None:
+        scale = _safe_scale(np.clip(scale, np.float32(scale_bounds[0]), np.float32(scale_bounds[1])))
+    if dtype == "int8":
         return np.float32(scale), np.int8(0)
-    raise ValueError(f"activation dtype must be 'uint8' or 'int8', not {dtype!r}")
+    return np.float32(scale), np.uint8(np.clip(np.rint(-lo / float(scale)), 0, 255))
+
+
+def pooling_scale_bounds(input_scale: float, pooled: int) -> tuple[float, float]:
+    """The output scales an integer average pooling of ``pooled`` values can requantize ``input_scale`` to.
+
+    ONNX Runtime's QLinearGlobalAveragePool refuses ``input_scale / (output_scale * pooled)`` outside
+    ``[2^-32, 256)``: the output would be constant. Calibrated ranges never get there (an average lies within the
+    range of what it averages), but ranges chosen apart for input and output (layerwise methods) might.
+    """
+    pooled = max(int(pooled), 1)
+    smallest = float(input_scale) / (pooled * 255.0)  # a margin under 256 against float32 rounding
+    largest = float(input_scale) * 2.0**31 / pooled
+    return smallest, largest
 
 
 def fp8_activation_scale(lo: float, hi: float) -> np.float32:
@@ -93,13 +113,16 @@ def _broadcast(values: np.ndarray, ndim: int, axis: int | None) -> np.ndarray:
     return values.reshape(shape)
 
 
-def quantize_weight(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(
+    w: np.ndarray, axis: int | None, per_channel: bool, floor: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 weight quantization (zero point 0, range [-127, 127]).
 
     Args:
         w: The float weight.
         axis: The output-channel axis (may be negative); used when ``per_channel``.
         per_channel: One scale per index of ``axis``; otherwise one scale for the whole tensor.
+        floor: Smallest allowed scales (same shape as the scales), e.g. from :func:`int32_bias_floor`.
 
     Returns:
         ``(q, scales)``: the int8 weight and float32 scales (1-D per channel, 0-d per tensor).
@@ -108,6 +131,8 @@ def quantize_weight(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple
     w = np.asarray(w, dtype=np.float32)
     amax, norm_axis = _channel_amax(w, axis, per_channel)
     scales = _safe_scale(amax / np.float32(127.0))
+    if floor is not None:
+        scales = np.maximum(scales, np.asarray(floor, dtype=np.float32)).astype(np.float32)
     q = np.clip(np.rint(w / _broadcast(scales, w.ndim, norm_axis)), -127, 127).astype(np.int8)
     return q, scales
 
@@ -128,6 +153,33 @@ def quantize_weight_fp8(w: np.ndarray, axis: int | None, per_channel: bool) -> t
     scales = _safe_scale(amax / np.float32(FP8_MAX))
     scaled = np.clip(w / _broadcast(scales, w.ndim, norm_axis), -FP8_MAX, FP8_MAX)
     return scaled.astype(ml_dtypes.float8_e4m3fn), scales
+
+
+def int32_bias_floor(bias: np.ndarray, act_scale: float, scale_shape: tuple[int, ...]) -> np.ndarray:
+    """The smallest weight scales whose int32 bias (scale ``act_scale * weight_scale``) holds ``bias`` unclipped.
+
+    A channel whose weights are all near zero (BatchNorm folded into a channel it switched off) gets a tiny
+    weight scale, and its bias divided by ``act_scale * weight_scale`` overflows int32 by orders of magnitude:
+    clipped, the channel's output is wrong by most of its bias. Raising that channel's weight scale costs only
+    the resolution of weights that are near zero anyway (ONNX Runtime's quantizer does the same).
+
+    Args:
+        bias: The float bias, one value per output channel.
+        act_scale: The scale of the layer's input.
+        scale_shape: Shape of the weight scales: ``()`` per tensor, ``(C,)`` per channel (``C`` may divide the
+            bias length: ConvTranspose groups repeat each weight channel).
+
+    Returns:
+        float32 floors in ``scale_shape``.
+    """
+    magnitude = np.abs(np.asarray(bias, dtype=np.float64)).ravel()
+    if not scale_shape:
+        magnitude = magnitude.max(initial=0.0)
+    else:
+        magnitude = magnitude.reshape(-1, scale_shape[0]).max(axis=0)
+    limit = float(_INT_RANGES["int32"][1])
+    # A relative margin keeps float32 rounding of the product from landing the bias one step past the limit.
+    return (magnitude * 1.0001 / limit / max(float(act_scale), float(np.finfo(np.float32).tiny))).astype(np.float32)
 
 
 def quantize_bias_int32(bias: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -14,8 +14,12 @@ class QuantRecipe:
         weight_dtype: Always ``"int8"``, symmetric with zero point 0.
         quantize_matmul_output: Put Q/DQ on MatMul/Gemm outputs too. ORT CPU is faster without
             (it fuses DQ-MatMul into MatMulIntegerToFloat; tests/backends/test_onnxruntime.py checks the fusion).
-        quantize_conv_output: Put Q/DQ on Conv outputs (ORT needs it to fuse QLinearConv).
-        fold_relu_into_output: When the quantized output feeds a single Relu, put the output Q/DQ after the Relu.
+        quantize_conv_output: Put Q/DQ on the outputs of Conv layers and of weightless layers (Add, pooling, ...):
+            ORT needs it to fuse QLinearConv, QLinearAdd, ..., and the next INT8 layer then reads the integers.
+        fold_activation_into_output: When the quantized output feeds a single Relu or Clip, put the output Q/DQ
+            after it (its saturation is the quantized range's; ORT then drops it from the integer kernel).
+        quantize_before_zero_pad: Put a layer's input Q/DQ before the zero Pad only it reads, not between the Pad
+            and the conv (ORT folds DQ -> Pad -> Conv into one QLinearConv; TensorRT fuses Q/DQ next to the conv).
         quantize_gemm_bias: Quantize a Gemm's bias to int32 (ORT then fuses QGemm with a float output;
             with a float bias it runs DQ + float Gemm, losing accuracy for no speed).
     """
@@ -24,7 +28,8 @@ class QuantRecipe:
     weight_dtype: str = "int8"
     quantize_matmul_output: bool = False
     quantize_conv_output: bool = True
-    fold_relu_into_output: bool = True
+    fold_activation_into_output: bool = True
+    quantize_before_zero_pad: bool = True
     quantize_gemm_bias: bool = True
 
     @property
@@ -37,7 +42,11 @@ ORT_X86 = QuantRecipe(activation_dtype="uint8")
 """uint8 activations and int8 per-channel weights: the only INT8 recipe that is fast on x86 ORT (VNNI)."""
 
 TENSORRT = QuantRecipe(
-    activation_dtype="int8", quantize_conv_output=False, fold_relu_into_output=False, quantize_gemm_bias=False
+    activation_dtype="int8",
+    quantize_conv_output=False,
+    fold_activation_into_output=False,
+    quantize_before_zero_pad=False,
+    quantize_gemm_bias=False,
 )
 """TensorRT: symmetric int8 everywhere, zero points of 0; TensorRT fuses output Q/DQ itself."""
 
@@ -45,7 +54,7 @@ TORCH = QuantRecipe(
     activation_dtype="int8",
     quantize_matmul_output=False,
     quantize_conv_output=False,
-    fold_relu_into_output=False,
+    fold_activation_into_output=False,
     quantize_gemm_bias=False,
 )
 """PyTorch: symmetric int8 (and e4m3) activations with static scales, read only at each layer's input; a

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.config import RewardConfig
-from autotune.optypes import TUNABLE_OP_TYPES
+from autotune.optypes import WEIGHTED_OP_TYPES
 from autotune.plan import Plan
 from autotune.search.estimate import MAX_SAVING, LayerEstimates
 from autotune.search.reward import reward_of
 from autotune.search.space import SearchSpace
 
-OP_TYPES = TUNABLE_OP_TYPES
+# Weightless layers (Add, pooling, ...) get no one-hot bit: zero MACs and params already set them apart, and the
+# observation keeps its size, so agents saved before they were tunable still load.
+OP_TYPES = WEIGHTED_OP_TYPES
 _LAYER_FEATURES = len(OP_TYPES) + 5  # op one-hot, log MACs, log params, depth, runtime share, group size
 _CONTEXT_FEATURES = 4  # progress, fraction of layers quantized so far, fraction of MACs quantized so far, last choice
 _ESTIMATE_FEATURES = 4  # estimated saving and drop of this decision; estimated drop and saving of the choices so far

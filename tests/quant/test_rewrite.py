@@ -19,6 +19,8 @@ from autotune.quant.qparams import (
     activation_qparams,
     fake_quant,
     fp8_activation_scale,
+    int32_bias_floor,
+    quantize_bias_int32,
     quantize_weight,
     quantize_weight_fp8,
 )
@@ -251,7 +253,7 @@ def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -
         input_hooks[layer.name] = hook
         if quant_out:
             target = layer.output
-            if recipe.fold_relu_into_output and _sole_relu_output(model, layer.output):
+            if recipe.fold_activation_into_output and _sole_relu_output(model, layer.output):
                 target = _sole_relu_output(model, layer.output)
             params = activation_qparams(*ranges[target], dtype)
             output_hooks[target] = lambda v, params=params: fake_quant(v, *params, dtype)
@@ -339,6 +341,23 @@ def test_activation_qparams_uint8_and_int8():
     assert activation_qparams(0.5, 2.0, "uint8")[1] == 0  # the range is widened to include zero
     with pytest.raises(ValueError):
         activation_qparams(-1, 1, "int4")
+
+
+def test_int32_bias_floor_raises_only_the_scales_whose_bias_would_overflow():
+    bias = np.array([4.0, 0.1, -3.0, 0.0], dtype=np.float32)
+    act_scale = 6.0 / 255
+    floor = int32_bias_floor(bias, act_scale, (4,))
+    scales = np.array([1e-12, 1e-3, 1e-3, 1e-12], dtype=np.float32)
+    raised = np.maximum(scales, floor)
+    assert raised[0] > scales[0] and (raised[1:] == scales[1:]).all()  # only the near-zero channel with a bias
+    q = quantize_bias_int32(bias, act_scale * raised)
+    assert np.abs(q).max() < 2**31 - 1
+    np.testing.assert_allclose(q * (act_scale * raised.astype(np.float64)), bias, atol=1e-6)
+    # Per tensor: one floor from the largest bias; ConvTranspose groups: the channels repeat along the bias.
+    assert int32_bias_floor(bias, act_scale, ()).shape == ()
+    assert int32_bias_floor(np.tile(bias, 2), act_scale, (4,)).tolist() == floor.tolist()
+    q, w_scales = quantize_weight(np.full((4, 2), 1e-9, np.float32), 0, True, floor)
+    assert (w_scales >= floor).all() and q.dtype == np.int8
 
 
 def test_quantize_weight_per_channel_negative_axis_and_zero_channel():
@@ -438,7 +457,7 @@ LEVELS = {
 RECIPES = {
     "ort_x86": ORT_X86,
     "tensorrt": TENSORRT,
-    "ort_out_no_fold": dataclasses.replace(ORT_X86, quantize_matmul_output=True, fold_relu_into_output=False),
+    "ort_out_no_fold": dataclasses.replace(ORT_X86, quantize_matmul_output=True, fold_activation_into_output=False),
 }
 
 
@@ -614,7 +633,7 @@ def test_required_ranges(cases):
     cnn = cases["cnn"]
     assert required_ranges(cnn.layers, ORT_X86, cnn.model) == ["X", "r1", "Y"]
     assert required_ranges(cnn.layers, TENSORRT, cnn.model) == ["X", "r1"]
-    no_fold = dataclasses.replace(ORT_X86, fold_relu_into_output=False)
+    no_fold = dataclasses.replace(ORT_X86, fold_activation_into_output=False)
     assert required_ranges(cnn.layers, no_fold, cnn.model) == ["X", "c1", "r1", "Y"]
     mlp = cases["mlp"]
     assert required_ranges(mlp.layers, ORT_X86, mlp.model) == ["X", "r"]

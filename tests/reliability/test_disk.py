@@ -130,7 +130,8 @@ _KILLED_WRITER = textwrap.dedent(
     from pathlib import Path
     import onnx
     from autotune.backends.onnxruntime import OnnxRuntimeCPU
-    from autotune.rundir import write_json
+    from autotune.backends import GraphArtifact
+    from autotune.files import write_json
     from autotune.testing import tiny_mlp
 
     def pause(*args, **kwargs):
@@ -139,7 +140,7 @@ _KILLED_WRITER = textwrap.dedent(
 
     best = Path(sys.argv[1])
     if sys.argv[2] == "json":
-        os.fsync = pause  # write_atomic has written every byte and is about to make them durable
+        os.fsync = pause  # atomic_write has written every byte and is about to make them durable
         write_json(best / "summary.json", {"rank": 2, "padding": "x" * 1_000_000})
     else:
         def save_half(model, path, *args, **kwargs):
@@ -148,7 +149,7 @@ _KILLED_WRITER = textwrap.dedent(
                 handle.write(data[: len(data) // 2])
             pause()
         onnx.save = save_half  # the export is killed half-way through writing the model
-        OnnxRuntimeCPU().export(None, tiny_mlp(batch=4), best)
+        OnnxRuntimeCPU().export(GraphArtifact(tiny_mlp(batch=4), None), None, best)
     """
 )
 

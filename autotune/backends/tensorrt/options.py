@@ -27,9 +27,10 @@ from autotune.backends.tensorrt.command import (
     tactic_names,
     tactic_source_values,
 )
+from autotune.backends.tensorrt.rules import SUPPORTED_DQ_CONSUMERS
 from autotune.capabilities import Knob
 from autotune.config import TensorRTOptions
-from autotune.optypes import TUNABLE_OP_TYPES
+from autotune.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
 from autotune.plan import KnobValue
 
 
@@ -44,7 +45,10 @@ def supported_precisions(trt: Any, compute_capability: tuple[int, int]) -> dict[
     common = ["fp32", "fp16"]
     if compute_capability >= (8, 0) and "BF16" in types:
         common.append("bf16")
-    precisions = {op: (*common, "int8") for op in TUNABLE_OP_TYPES}
+    precisions = {op: (*common, "int8") for op in WEIGHTED_OP_TYPES}
+    # A weightless layer (a residual Add, pooling) is INT8 or FP32: its Q/DQ lets TensorRT fuse it into the
+    # integer kernel before it. Only where a DequantizeLinear may feed it (rules.py); the rest stay FP32.
+    precisions.update({op: ("fp32", "int8") for op in WEIGHTLESS_OP_TYPES if op in SUPPORTED_DQ_CONSUMERS})
     if compute_capability >= (8, 9) and "FP8" in types:
         for op in ("Conv", "Gemm", "MatMul"):
             precisions[op] = (*precisions[op], "fp8")

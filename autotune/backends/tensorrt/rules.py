@@ -11,7 +11,10 @@ see the TensorRT developer guide, "Explicit Quantization"):
 - a scale with more than one value (per-channel) is allowed on weights only, never on activations;
 - in a strongly typed network a QuantizeLinear scale is FLOAT or the type of its input (FP16/BF16 must match);
 - QuantizeLinear feeds only DequantizeLinear, and DequantizeLinear feeds an op TensorRT can fuse with or move
-  the dequantization across.
+  the dequantization across;
+- an op that joins tensors (Add, Mul, Concat) with one dequantized input has all of them dequantized: TensorRT
+  fuses a residual Add into the convolution before it only with Q/DQ on both inputs, and otherwise runs it in
+  float behind a standalone dequantize.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from autotune.optypes import TUNABLE_OP_TYPES
+from autotune.optypes import WEIGHTED_OP_TYPES
 
 FLOAT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 """Types a QuantizeLinear may read and a DequantizeLinear may write."""
@@ -34,7 +37,7 @@ QUANTIZED_TYPES = {TensorProto.INT8: "int8", TensorProto.FLOAT8E4M3FN: "fp8", Te
 SUPPORTED_DQ_CONSUMERS = frozenset(
     {
         # Weighted ops: TensorRT fuses DQ(activation) + DQ(weight) into one quantized kernel.
-        *TUNABLE_OP_TYPES,
+        *WEIGHTED_OP_TYPES,
         # Ops with INT8 implementations or that fuse into a quantized kernel (residual Add, BN, clip).
         "Add",
         "Mul",
@@ -277,6 +280,24 @@ def _dequantize_problems(graph: _Graph, node: onnx.NodeProto) -> list[str]:
     return problems
 
 
+JOINING_OPS = ("Add", "Mul", "Concat")
+"""Ops that join tensors: quantized on one input, they must be quantized on all (see the module docstring)."""
+
+
+def _joining_problems(graph: _Graph, node: onnx.NodeProto) -> list[str]:
+    """A joining op that reads a dequantized input next to a float, non-constant one."""
+    inputs = [name for name in dict.fromkeys(node.input) if name and not graph.is_constant(name)]
+    dequantized = [name for name in inputs if getattr(graph.producer.get(name), "op_type", "") == "DequantizeLinear"]
+    floats = [name for name in inputs if name not in dequantized]
+    if not dequantized or not floats:
+        return []
+    return [
+        f"reads dequantized {dequantized[0]!r} and float {floats[0]!r}; TensorRT runs it in float behind a "
+        f"standalone dequantize and cannot fuse it into the layer before it: put a Q/DQ pair on every input "
+        f"(both inputs of a residual Add)"
+    ]
+
+
 def qdq_problems(model: onnx.ModelProto) -> list[str]:
     """Every way the model's Q/DQ nodes break TensorRT's rules, one line each naming the node.
 
@@ -298,6 +319,8 @@ def qdq_problems(model: onnx.ModelProto) -> list[str]:
             found = _quantize_problems(graph, node)
         elif node.op_type == "DequantizeLinear":
             found = _dequantize_problems(graph, node)
+        elif node.op_type in JOINING_OPS:
+            found = _joining_problems(graph, node)
         else:
             continue
         problems += [f"{node.op_type} {node.name!r}: {problem}" for problem in found]
@@ -341,7 +364,7 @@ def requested_precisions(model: onnx.ModelProto, node_names: Iterable[str] | Non
     wanted = set(node_names) if node_names is not None else None
     requested: dict[str, str] = {}
     for node in model.graph.node:
-        if node.op_type not in TUNABLE_OP_TYPES or (wanted is not None and node.name not in wanted):
+        if node.op_type not in WEIGHTED_OP_TYPES or (wanted is not None and node.name not in wanted):
             continue
         found = [_input_precision(graph, name) for name in node.input[:2] if name]
         precisions = [p for p in found if p is not None]

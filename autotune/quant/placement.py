@@ -1,0 +1,141 @@
+"""Where the Q/DQ pairs of INT8 layers go, so that INT8 stays INT8 from one layer to the next.
+
+A layer's choice decides only its own tensors: the Q/DQ on its output (after the Relu/Clip it folds, and read by
+every reader of that output, as any layer's output is), and the Q/DQ on the inputs it reads. An input is read
+
+- as it is, when it already is an INT8 layer's quantized output: quantizing it again on another grid would round
+  it twice and put a DequantizeLinear/QuantizeLinear pair between two integer kernels;
+- through a pair dedicated to the layer on the *same grid*, when it carries such an output unchanged (a Reshape,
+  a MaxPool or a nearest Resize in between): the backend then runs the ops between on the integers;
+- through a pair dedicated to the layer with its own calibrated range otherwise (an FP32 producer), which no
+  other reader of the tensor sees (ONNX Runtime's ``quantize_static`` would point every reader at it).
+
+A zero ``Pad`` that only the layer reads belongs to the layer: its input pair goes before the Pad, which the
+backend then folds into the convolution.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from autotune.model import Layer
+from autotune.optypes import INT8_OUTPUT_OP_TYPES
+from autotune.quant.recipe import QuantRecipe
+from autotune.units import GraphIndex
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The scale and zero point one quantized tensor was written with.
+
+    Attributes:
+        scale: The scale's value (an INT8 layer reading the tensor derives its int32 bias scale from it).
+        scale_name: The scale initializer.
+        zero_name: The zero-point initializer.
+    """
+
+    scale: np.float32
+    scale_name: str
+    zero_name: str
+
+
+@dataclass(frozen=True)
+class InputPlacement:
+    """How an INT8 layer reads one activation input.
+
+    Attributes:
+        at: The tensor to quantize: the input itself, or the input of a zero Pad only this layer reads.
+        reader: The node whose input ``at`` is: the layer's node, or that Pad.
+        source: The quantized tensor ``at`` carries unchanged, whose grid a dedicated pair takes; None when the
+            pair takes the layer's own range.
+        reuse: ``at`` is itself a quantized layer output: read it as it is, with no pair.
+    """
+
+    at: str
+    reader: int
+    source: str | None = None
+    reuse: bool = False
+
+
+def place_input(
+    index: GraphIndex,
+    quantized: Mapping[str, Grid],
+    tensor: str,
+    layer_index: int,
+    own_range: bool,
+    before_pad: bool = True,
+) -> InputPlacement:
+    """Where the Q/DQ pair of one activation input of the INT8 layer at node ``layer_index`` goes. Pure.
+
+    Args:
+        index: The graph as it came (names as in the layer table).
+        quantized: INT8 layer outputs quantized so far in this plan, by tensor name.
+        tensor: The activation input.
+        layer_index: The layer's node.
+        own_range: The layer must quantize the input itself (SmoothQuant divides it first; FP8 has its own grid).
+        before_pad: Quantize before a zero Pad only this layer reads (``QuantRecipe.quantize_before_zero_pad``).
+    """
+    pad = index.exclusive_pad(tensor, layer_index) if before_pad else None
+    at, reader = (index.graph.node[pad].input[0], pad) if pad is not None else (tensor, layer_index)
+    if own_range:
+        return InputPlacement(at, reader)
+    if at in quantized:
+        return InputPlacement(at, reader, at, reuse=True)
+    return InputPlacement(at, reader, index.int8_source(at, quantized))
+
+
+def quantizes_output(op_type: str, recipe: QuantRecipe) -> bool:
+    """Whether an INT8 layer of ``op_type`` gets a Q/DQ pair on its output under ``recipe``."""
+    if op_type in INT8_OUTPUT_OP_TYPES:
+        return recipe.quantize_conv_output
+    return recipe.quantize_matmul_output
+
+
+def output_target(index: GraphIndex, output: str, recipe: QuantRecipe) -> tuple[int | None, str]:
+    """Where a layer's output Q/DQ goes.
+
+    Returns:
+        ``(activation index, its output)`` when the recipe folds the Relu/Clip that alone reads ``output``,
+        else ``(None, output)``.
+    """
+    if recipe.fold_activation_into_output:
+        activation = index.folded_activation(output)
+        if activation is not None:
+            return activation, index.graph.node[activation].output[0]
+    return None, output
+
+
+def required_ranges(layers: Sequence[Layer], recipe: QuantRecipe, model: onnx.ModelProto) -> list[str]:
+    """Every tensor whose calibrated range ``rewrite`` may need when the layers run in int8 (or fp8).
+
+    Args:
+        layers: The tunable layers.
+        recipe: The backend's recipe (decides which outputs are quantized and whether activations are folded).
+        model: The model the layers come from.
+
+    Returns:
+        Tensor names, each once, in layer order: activation inputs, then quantized outputs (or the Relu/Clip
+        outputs they fold into).
+    """
+    index = GraphIndex(model.graph)
+    names: list[str] = []
+    for layer in layers:
+        names.extend(layer.activation_inputs)
+        if quantizes_output(layer.op_type, recipe):
+            names.append(output_target(index, layer.output, recipe)[1])
+    return list(dict.fromkeys(names))
+
+
+def consumers(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """Tensor name to the indices of the nodes that read it (a node reading it twice counts once)."""
+    readers: dict[str, list[int]] = defaultdict(list)
+    for position, node in enumerate(graph.node):
+        for name in dict.fromkeys(node.input):
+            if name:
+                readers[name].append(position)
+    return readers
