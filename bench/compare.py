@@ -2,8 +2,8 @@ r"""A guard against benchmark regressions: compare re-measured winners with a st
 
 Usage (before a release, on a quiet machine):
     python bench/run.py configs/minilm-cpu.yaml --strategies int8 fp32 ppo greedy --seeds 0 1 2 --budget 150 \
-        --out /tmp/bench-now --reevaluate     # after the runs themselves (same command without --reevaluate)
-    python bench/compare.py /tmp/bench-now/reevaluated.json bench/results/minilm-cpu/reevaluated.json
+        --out NEW --reevaluate     # after the runs themselves (the same command without --reevaluate)
+    python bench/compare.py NEW/reevaluated.json bench/results/minilm-cpu/reevaluated.json
 
 Each file is what ``bench/run.py --reevaluate`` writes: per run, the exported winner re-measured on held-out data.
 Per strategy the median speedup of the runs within the accuracy budget is compared with the stored one. The
