@@ -26,8 +26,10 @@ from autotune.backends.tensorrt import (
     supported_precisions,
 )
 from autotune.backends.tensorrt.command import shell_script, tactic_mask, tactic_source_values, trtexec_command
+from autotune.backends.tensorrt.rules import SUPPORTED_DQ_CONSUMERS
 from autotune.config import BackendConfig, SearchSpaceConfig, TensorRTOptions, parse_config
 from autotune.model import InputSpec, prepare_model
+from autotune.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
 from autotune.search.space import build_space
 from autotune.testing import tiny_mlp
 
@@ -212,7 +214,11 @@ def test_precisions_follow_compute_capability(cc, expected):
     precisions = supported_precisions(fake_trt("11.4.0.106"), cc)
     assert precisions["MatMul"] == expected
     assert "fp8" not in precisions["ConvTranspose"]
-    assert set(precisions) == {"Conv", "ConvTranspose", "Gemm", "MatMul"}  # no INT4: the rewriter cannot write it
+    assert set(WEIGHTED_OP_TYPES) <= set(precisions)
+    # weightless layers (a residual Add, pooling) are INT8 or FP32 only, and only where TensorRT takes a DQ input
+    for op in set(precisions) - set(WEIGHTED_OP_TYPES):
+        assert op in WEIGHTLESS_OP_TYPES and op in SUPPORTED_DQ_CONSUMERS and precisions[op] == ("fp32", "int8")
+    assert not any("int4" in options for options in precisions.values())  # the rewriter cannot write INT4
 
 
 def test_knobs_follow_what_the_version_has():
