@@ -170,6 +170,7 @@ def run_search(
             lambda: list(evaluator.store.trials()),
             space.layer_names,
             {knob.name: knob.default for knob in space.knobs},
+            count=lambda: len(evaluator.store),
         )
         train(
             config,

@@ -211,6 +211,8 @@ class RefittedEstimates:
         layer_names: Every tunable layer, in table order.
         knob_defaults: Each knob's default value (no surrogate term).
         every: Refit after this many new trials.
+        count: How many trials there are, without reading them (a store's row count); default ``len(trials())``.
+            The env asks for the estimates every episode: only a refit should read every trial.
     """
 
     def __init__(
@@ -219,8 +221,10 @@ class RefittedEstimates:
         layer_names: Sequence[str],
         knob_defaults: Mapping[str, Any],
         every: int = 5,
+        count: Callable[[], int] | None = None,
     ):
         self.trials = trials
+        self.count = count or (lambda: len(trials()))
         self.layer_names = list(layer_names)
         self.knob_defaults = dict(knob_defaults)
         self.every = every
@@ -229,8 +233,8 @@ class RefittedEstimates:
 
     def estimates(self) -> LayerEstimates | None:
         """The per-layer estimates, or None while there are too few trials."""
-        trials = self.trials()
-        if len(trials) - self._fitted_at >= self.every:
+        if self.count() - self._fitted_at >= self.every:
+            trials = self.trials()
             self._estimates = fit_additive(self.layer_names, dominant_setting(trials, ACCURACY_KNOBS))
             self._fitted_at = len(trials)
         return self._estimates
