@@ -301,6 +301,43 @@ def resolve_inputs(model: onnx.ModelProto, configured: Sequence[InputSpec] | Non
     return resolved
 
 
+def _value_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def _known_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape that shape inference resolved (-1 for an unknown dim).
+
+    ONNX's own inference stops at pads computed in the graph (``torch.onnx.export`` writes TensorFlow-style "same"
+    padding as Shape/Slice/Concat arithmetic), which leaves every later conv without a shape and so without MACs.
+    ONNX Runtime's symbolic shape inference propagates through that arithmetic, so it fills what ONNX left open.
+    """
+    shapes = _value_shapes(model.graph)
+    weighted_outputs = [n.output[0] for n in model.graph.node if n.op_type in WEIGHTED_OP_TYPES and n.output]
+    if all(_resolved(shapes.get(name, ())) for name in weighted_outputs):
+        return shapes
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # a best effort for MACs: unknown shapes stay unknown, as before
+        return shapes
+    for name, shape in _value_shapes(symbolic.graph).items():
+        if _resolved(shape) and not _resolved(shapes.get(name, ())):
+            shapes[name] = shape
+    return shapes
+
+
+def _resolved(shape: tuple[int, ...]) -> bool:
+    return bool(shape) and all(d > 0 for d in shape)
+
+
 def _shape_of(value_info: dict[str, tuple[int, ...]], name: str) -> tuple[int, ...]:
     return value_info.get(name, ())
 
@@ -422,12 +459,7 @@ def build_layer_table(
     index = GraphIndex(graph)
     initializers = index.initializers
     constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        dims = value.type.tensor_type.shape.dim
-        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-    for init in graph.initializer:
-        shapes[init.name] = tuple(init.dims)
+    shapes = _known_shapes(model)
     depths = _depths(graph)
     reasons: dict[str, str] = {}
     int8_tensors: set[str] = set()  # outputs of layers that a backend can keep INT8 for their readers

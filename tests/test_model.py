@@ -405,3 +405,38 @@ def test_two_exports_of_the_same_cached_model_at_once_both_succeed(tmp_path, mon
     assert interleaved
     assert load_onnx(target).graph.input[0].name == "x"
     assert [path.name for path in target.parent.iterdir()] == ["mlp.onnx"]  # no temporary file left behind
+
+
+def _conv_after_computed_pads() -> onnx.ModelProto:
+    """A conv after a Pad whose pads are graph arithmetic, as torch.onnx.export writes "same" padding."""
+    def const(name: str, values: list[int]) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64)))
+
+    nodes = [
+        const("half", [0, 1, 0, 1]),
+        helper.make_node("Concat", ["half", "half"], ["pairs"], axis=0),
+        const("grid", [2, 4]),
+        helper.make_node("Reshape", ["pairs", "grid"], ["grid_pads"]),
+        helper.make_node("Transpose", ["grid_pads"], ["swapped"], perm=[1, 0]),
+        const("flat", [-1]),
+        helper.make_node("Reshape", ["swapped", "flat"], ["pads"]),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),
+        helper.make_node("Conv", ["padded", "w"], ["y"], name="conv"),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", F, [1, 4, "height", "width"])],
+        [_w("w", (4, 3, 3, 3))],
+    )
+
+
+def test_macs_of_a_conv_after_pads_that_onnx_shape_inference_cannot_follow():
+    import onnxruntime as ort
+
+    model = _conv_after_computed_pads()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": np.zeros((1, 3, 8, 8), np.float32)})
+    (layer,) = _prepare(model, None).layers
+    assert layer.output_shape == y.shape  # ONNX's inference leaves it (1, 4, -1, -1); ORT's symbolic one fills it
+    assert layer.macs == y.size * 3 * 3 * 3
