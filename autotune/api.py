@@ -176,15 +176,40 @@ def evaluate(config: TuneConfig, plan_spec: str, split: str = "evaluation", isol
     Returns:
         The result as a JSON-ready dict, with the path of the kept model under ``artifact``.
     """
+    return evaluate_side_by_side(config, [plan_spec], split, isolate)[0]
+
+
+def evaluate_side_by_side(
+    config: TuneConfig, plan_specs: list[str], split: str = "evaluation", isolate: bool = True
+) -> list[dict[str, Any]]:
+    """Builds and measures several plans in one trial process, one after another, each against FP32.
+
+    Each plan's FP32 reference is timed interleaved with it, as in every trial, so the ratios are comparable
+    although the machine drifts between plans; one process means one warm-up, one data load, one calibration.
+
+    Args:
+        config: The run's config.
+        plan_specs: See ``resolve_plan``; every spec is checked before the first build.
+        split: ``evaluation`` or ``holdout``.
+        isolate: Run the trials in a child process.
+
+    Returns:
+        One JSON-ready result per plan, in the given order, each with the path of its kept model under
+        ``artifact``.
+    """
     _, space = analyze(config, profile=False)
-    plan = resolve_plan(plan_spec, space, references(config))
+    one_liners = references(config)
+    plans = [resolve_plan(spec, space, one_liners) for spec in plan_specs]
     run_dir = config.run_dir
+    summaries = []
     with TrialStore(run_dir / "evaluations.sqlite") as store, Evaluator(config, store, isolate=isolate) as evaluator:
-        result: TrialResult = evaluator.measure(plan, split)
-        if result.ok:
-            files = evaluator.export(plan, run_dir / "evaluate" / plan.hash)
-            result.artifact = files[0]
-        store.put(result)
-    summary = result.to_dict()
-    summary["plan_summary"] = plan.describe()
-    return summary
+        for plan in plans:
+            result: TrialResult = evaluator.measure(plan, split)
+            if result.ok:
+                files = evaluator.export(plan, run_dir / "evaluate" / plan.hash)
+                result.artifact = files[0]
+            store.put(result)
+            summary = result.to_dict()
+            summary["plan_summary"] = plan.describe()
+            summaries.append(summary)
+    return summaries

@@ -58,9 +58,26 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
-    result = api.evaluate(config, args.plan, split=args.split)
-    print(json.dumps(result, indent=2))
-    return 0 if result["status"] == "ok" else 1
+    specs = args.plan or ["int8"]
+    results = api.evaluate_side_by_side(config, specs, split=args.split)
+    if len(results) == 1 or args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    else:
+        print(f"{'plan':<24} {'speedup':>8} {'latency ms':>11} {'FP32 ms':>9} {'metric':>9} {'drop':>9}   ({args.split})")
+        for spec, row in zip(specs, results):
+            print(_side_by_side_row(spec, row))
+    return 0 if all(result["status"] == "ok" for result in results) else 1
+
+
+def _side_by_side_row(spec: str, row: dict) -> str:
+    label = Path(spec).name if spec.endswith(".json") else spec
+    if row["status"] != "ok" or row.get("speedup") is None:
+        error = str(row.get("error") or "no result").strip().splitlines()
+        return f"{label:<24} failed: {error[-1] if error else 'no result'}"
+    return (
+        f"{label:<24} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['reference_latency_ms']:>9.3f} "
+        f"{row['accuracy']:>9.4f} {row['accuracy_drop']:>9.4g}"
+    )
 
 
 def _summary_row(label: str, row: dict) -> str:
@@ -147,15 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.set_defaults(handler=_inspect)
 
-    evaluate = commands.add_parser("evaluate", help="build and measure one plan against FP32 in the same run")
+    evaluate = commands.add_parser("evaluate", help="build and measure plans against FP32 in the same run")
     _add_config(evaluate)
     evaluate.add_argument(
         "--plan",
-        default="int8",
+        action="append",
         help=f"a precision for every layer ({', '.join(PRECISIONS)}), one of the backend's one-liners "
-        f"({_one_liners()}), or a plan JSON file",
+        f"({_one_liners()}), or a plan JSON file (default int8); repeat it to measure plans side by side in one "
+        "process, each against FP32 timed interleaved with it",
     )
     evaluate.add_argument("--split", choices=("evaluation", "holdout"), default="evaluation")
+    evaluate.add_argument("--json", action="store_true", help="print every result as JSON (one plan: always)")
     evaluate.set_defaults(handler=_evaluate)
 
     tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,24 @@ def test_inspect_shows_each_layers_nodes_and_why_an_op_stays_fp32(tmp_path, caps
         ("conv3", "Conv"),
     ]
     assert rows[2]["choices"] == ["fp32", "int8"] and rows[2]["nodes"] == ["add"]
+
+
+def test_evaluate_measures_several_plans_side_by_side_in_one_process(config_file, capsys, tmp_path):
+    assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "ort-static", "--plan", "fp32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["plan", "speedup"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert list(rows) == ["int8", "ort-static", "fp32"]
+    assert all(len(row) == 6 for row in rows.values())
+
+    assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "ort-static", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert [r["plan_summary"] for r in results][1] == "reference ort-static (the backend's one-liner)"
+    assert results[0]["plan"]["knobs"] != results[1]["plan"]["knobs"]
+    for result in results:
+        assert result["speedup"] == pytest.approx(result["reference_latency_ms"] / result["latency_ms"])
+        assert Path(result["artifact"]).exists()
+
+    # every spec is checked before the first build
+    assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "tflite"]) == 2
+    assert "tflite" in capsys.readouterr().err
