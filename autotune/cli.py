@@ -63,8 +63,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     if len(results) == 1 or args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
-        print(f"{'plan':<24} {'speedup':>8} {'latency ms':>11} {'FP32 ms':>9} {'metric':>9} {'drop':>9}   ({args.split})")
-        for spec, row in zip(specs, results):
+        header = f"{'plan':<24} {'speedup':>8} {'latency ms':>11} {'FP32 ms':>9} {'metric':>9} {'drop':>9}"
+        print(f"{header}   ({args.split} data)")
+        for spec, row in zip(specs, results, strict=True):
             print(_side_by_side_row(spec, row))
     return 0 if all(result["status"] == "ok" for result in results) else 1
 
