@@ -160,6 +160,11 @@ class TorchOptions(_Strict):
 
     device: str = Field("cuda", pattern=r"^(cpu|cuda(:\d+)?)$")
     """``cuda``, ``cuda:N``, or ``cpu`` (eager runs only: what the CPU test suite uses)."""
+    quantized_gemm: Literal["autotune", "torchao"] = "autotune"
+    """What INT8 and FP8 layers run: ``autotune``, this backend's static-scale wrappers (``torch._int_mm``,
+    ``torch._scaled_mm``), or ``torchao``, torchao's ``Int8StaticActivationInt8WeightConfig`` and
+    ``Float8StaticActivationFloat8WeightConfig`` per module (the ``torchao`` extra). Both take their activation
+    scales from the run's calibration."""
 
 
 BACKEND_OPTIONS: dict[str, type[_Strict]] = {

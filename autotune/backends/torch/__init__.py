@@ -9,6 +9,8 @@ Modules, by concept:
 - ``device``: ``DeviceInfo``, probing a device, ``torch_capabilities`` and the knob names.
 - ``binding``: ONNX node names -> module paths, ``bind_layers`` and ``count_calls``.
 - ``wrappers``: the wrapper modules ``CastLayer``, ``Int8Linear``, ``Fp8Linear`` and ``PrecisionBoundary``.
+- ``torchao_linear``: the other implementation of int8/fp8 Linears, torchao's static configs
+  (``backend.options.quantized_gemm: torchao``).
 - ``attention``: swapping a transformers model's attention implementation (the ``attention`` knob).
 - ``modules``: what each module runs in (``module_choices``, ``activation_scale``) and ``rewrite_module`` (the
   base precision of the whole module, the per-layer overrides on it).

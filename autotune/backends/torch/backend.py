@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotune.backends.base import Backend, BackendUnavailable, BuildError
+from autotune.backends.torch import torchao_linear
 from autotune.backends.torch.attention import attention_implementations
 from autotune.backends.torch.binding import bind_layers, count_calls
 from autotune.backends.torch.device import (
@@ -33,8 +34,10 @@ from autotune.backends.torch.device import (
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.modules import module_choices, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_launch
+from autotune.backends.torch.torchao_linear import TORCHAO
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
+from autotune.extras import MissingExtra
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, KnobValue, Plan
 from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import TORCH
@@ -89,6 +92,11 @@ class TorchBackend(Backend):
                 f"{', a CPU-only build' if cpu_build else ''}{'; ' + self.info.name if self.info.name else ''}); "
                 f"run it on an NVIDIA GPU, or set backend.options.device: cpu for eager runs on the CPU"
             )
+        if self.options.quantized_gemm == TORCHAO:
+            try:
+                torchao_linear.torchao()
+            except MissingExtra as error:
+                raise BackendUnavailable(str(error)) from error
         self._capabilities: Capabilities | None = None
         self._fp32: Any = None
         self._bindings: dict[str, str] = {}
@@ -210,6 +218,7 @@ class TorchBackend(Backend):
                 self.info.fp8_scaling,
                 base=str(knobs[BASE_PRECISION_KNOB]),
                 attention=None if attention is None else str(attention),
+                quantized_gemm=self.options.quantized_gemm,
             )
             return make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
         except BuildError:
@@ -298,4 +307,6 @@ class TorchBackend(Backend):
         """
         if self.model is None:
             raise BuildError("the torch backend exports only after prepare(model, searched)")
-        return write_export(artifact, plan, out_dir, self.factory, self.model.inputs, self.info)
+        return write_export(
+            artifact, plan, out_dir, self.factory, self.model.inputs, self.info, self.options.quantized_gemm
+        )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.backends.torch.device import ATTENTION_KNOB, BASE_PRECISION_KNOB, DeviceInfo
 from autotune.backends.torch.modules import ModuleChoice, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact
+from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS
 from autotune.files import atomic_write
 from autotune.plan import Plan
 
@@ -53,6 +54,7 @@ def write_export(
     factory: str,
     inputs: Sequence[InputSpec],
     info: DeviceInfo,
+    quantized_gemm: str = WRAPPERS,
 ) -> list[Path]:
     """Writes the loadable module and how to rebuild it; returns the paths, ``module_state.pt`` first.
 
@@ -68,6 +70,7 @@ def write_export(
         factory: ``model.torch``, which ``load_exported`` calls for the FP32 module.
         inputs: The model's inputs.
         info: The device it was built for.
+        quantized_gemm: What its INT8 and FP8 modules run (``TorchOptions.quantized_gemm``).
     """
     import torch
 
@@ -84,6 +87,7 @@ def write_export(
         "modules": artifact.choices,
         "reference": artifact.reference,
         "fp8_scaling": info.fp8_scaling,
+        "quantized_gemm": quantized_gemm,
         "knobs": artifact.knobs,
         "plan_hash": plan.hash,
         "torch_version": info.torch_version,
@@ -131,6 +135,7 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         for path, precision in manifest["modules"].items()
     }
     attention = manifest.get("attention")
+    quantized_gemm = manifest.get("quantized_gemm", WRAPPERS)
     module = rewrite_module(
         module,
         choices,
@@ -138,7 +143,14 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         fp8_scaling=manifest.get("fp8_scaling"),
         base=manifest.get("base_precision", "fp32"),  # exports older than the knob ran in FP32
         attention=None if attention is None else str(attention),
+        quantized_gemm=quantized_gemm,
     )
-    state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
-    module.load_state_dict(state, strict=True)
+    if quantized_gemm == TORCHAO:
+        # torchao's quantized weights are tensor subclasses: unpickled as such, and put in place of the
+        # placeholders (assign), as torchao's own serialization does.
+        state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=False)
+        module.load_state_dict(state, strict=True, assign=True)
+    else:
+        state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
+        module.load_state_dict(state, strict=True)
     return module.to(device).eval()

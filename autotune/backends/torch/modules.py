@@ -3,7 +3,8 @@
 A plan's layer precisions are absolute: the precision the layer's GEMM runs in. ``base_precision`` is what the
 rest of the module runs in (attention, softmax, LayerNorm, activations, embeddings, and layers without a module).
 A layer in the base precision needs no wrapper; any other one is wrapped: ``fp32`` inside an fp16/bf16 base is an
-FP32 override, ``fp16``/``bf16`` a cast island, ``int8``/``fp8`` a static-scale GEMM.
+FP32 override, ``fp16``/``bf16`` a cast island, ``int8``/``fp8`` a static-scale GEMM: this backend's own wrapper,
+or torchao's static config (``quantized_gemm="torchao"``, ``torchao_linear.py``), with the same scales.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BuildError
+from autotune.backends.torch import torchao_linear
 from autotune.backends.torch.attention import set_attention
 from autotune.backends.torch.wrappers import wrappers
+from autotune.extras import MissingExtra
 from autotune.plan import Plan
 from autotune.quant.qparams import activation_qparams, fp8_activation_scale
 
@@ -119,23 +122,39 @@ def float_dtype(precision: str) -> Any:
     return dtypes[precision]
 
 
-def _wrap(module: Any, choice: ModuleChoice, per_channel: bool, fp8_scaling: str | None) -> Any:
+def _wrap(
+    module: Any,
+    choice: ModuleChoice,
+    per_channel: bool,
+    fp8_scaling: str | None,
+    quantized_gemm: str = torchao_linear.WRAPPERS,
+    base: str = "fp32",
+) -> tuple[Any, Any]:
+    """The module that replaces ``module``, and its torchao config (None unless torchao quantizes it later)."""
     from torch import nn
 
     modules = wrappers()
     if choice.precision in ("fp32", "fp16", "bf16"):
-        return modules.CastLayer(module, float_dtype(choice.precision))
+        return modules.CastLayer(module, float_dtype(choice.precision)), None
     if not isinstance(module, nn.Linear):
         raise BuildError(f"{choice.precision} is for nn.Linear only, not {type(module).__name__}")
     lo, hi = choice.activation_range if choice.activation_range is not None else (0.0, 0.0)
     scale = activation_scale(lo, hi, choice.precision)
-    if choice.precision == "int8":
+    if quantized_gemm == torchao_linear.TORCHAO and choice.precision in ("int8", "fp8"):
+        config = torchao_linear.static_config(choice.precision, scale, per_channel)
+        return torchao_linear.wrap_for_torchao(module, float_dtype(base)), config
+    return _own_wrapper(module, choice.precision, scale, per_channel, fp8_scaling), None
+
+
+def _own_wrapper(module: Any, precision: str, scale: float, per_channel: bool, fp8_scaling: str | None) -> Any:
+    modules = wrappers()
+    if precision == "int8":
         return modules.Int8Linear.from_linear(module, scale, per_channel)
-    if choice.precision == "fp8":
+    if precision == "fp8":
         if fp8_scaling is None:
             raise BuildError("fp8 needs torch._scaled_mm and torch.float8_e4m3fn, which this torch lacks")
         return modules.Fp8Linear.from_linear(module, scale, per_channel, fp8_scaling)
-    raise BuildError(f"the torch backend has no precision {choice.precision!r}")
+    raise BuildError(f"the torch backend has no precision {precision!r}")
 
 
 def rewrite_module(
@@ -145,6 +164,7 @@ def rewrite_module(
     fp8_scaling: str | None = "rowwise",
     base: str = "fp32",
     attention: str | None = None,
+    quantized_gemm: str = torchao_linear.WRAPPERS,
 ) -> Any:
     """A deep copy of ``module`` with each chosen module replaced by its wrapper; ``module`` is left as it was.
 
@@ -156,9 +176,12 @@ def rewrite_module(
         base: ``fp32``, or ``fp16``/``bf16``: the rest of the copy is converted to that dtype and wrapped in a
             ``PrecisionBoundary`` (floating inputs cast in, floating outputs back to float32).
         attention: An attention implementation to switch the copy to (``attention.set_attention``), or None.
+        quantized_gemm: What int8 and fp8 modules run: ``autotune`` (``Int8Linear``, ``Fp8Linear``) or
+            ``torchao`` (its static configs, ``torchao_linear.py``; needs the ``torchao`` extra).
 
     Raises:
         BuildError: A module cannot take its precision, or the attention cannot be switched.
+        MissingExtra: ``quantized_gemm="torchao"`` without torchao installed.
     """
     dtype = float_dtype(base)
     rewritten = copy.deepcopy(module)
@@ -166,22 +189,28 @@ def rewrite_module(
         set_attention(rewritten, attention)
     # Wrappers are made from the FP32 modules first: converting the copy afterwards must not round an override's
     # FP32 weights, nor the float32 scales and biases of the INT8/FP8 wrappers, to the base dtype.
-    wrapped = {}
+    wrapped, torchao_configs = {}, {}
     for path, choice in choices.items():
         try:
             target = rewritten.get_submodule(path) if path else rewritten
         except AttributeError as error:
             raise BuildError(f"no module {path!r} to rewrite: {error}") from error
         try:
-            wrapped[path] = _wrap(target, choice, per_channel, fp8_scaling)
-        except BuildError:
+            wrapped[path], config = _wrap(target, choice, per_channel, fp8_scaling, quantized_gemm, base)
+        except (BuildError, MissingExtra):
             raise
         except Exception as error:  # noqa: BLE001 - a wrapper that fails to build is a failed build
             raise BuildError(f"{path}: {type(error).__name__}: {error}") from error
+        if config is not None:
+            torchao_configs[path] = config
     if base != "fp32":
         rewritten = rewritten.to(dtype)
     for path, new in wrapped.items():
         rewritten = _replace(rewritten, path, new)
+    try:
+        torchao_linear.quantize_modules(rewritten, torchao_configs)
+    except Exception as error:  # noqa: BLE001 - torchao's own errors come in many types
+        raise BuildError(f"torchao quantize_: {type(error).__name__}: {error}") from error
     if base != "fp32":
         rewritten = wrappers().PrecisionBoundary(rewritten, dtype)
     return rewritten
