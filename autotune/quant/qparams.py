@@ -113,8 +113,28 @@ def _broadcast(values: np.ndarray, ndim: int, axis: int | None) -> np.ndarray:
     return values.reshape(shape)
 
 
+def in_scale_type(scales: np.ndarray | np.floating, scale_type: type | None) -> np.ndarray:
+    """Scales rounded to the values ``scale_type`` (``np.float16``, ``ml_dtypes.bfloat16``) holds, as float32.
+
+    A graph that computes in FP16/BF16 stores its Q/DQ scales in that type (TensorRT: a half scale must match the
+    type it quantizes, and the DQ output, which is the scale's type, must match the consumer's). Quantizing
+    against the rounded scale keeps Q and DQ exact; a scale under the type's smallest normal value is raised to
+    it, so no scale underflows to zero or to an imprecise subnormal. None leaves float32 scales as they are.
+    """
+    values = np.asarray(scales, dtype=np.float32)
+    if scale_type is None:
+        return values
+    info = ml_dtypes.finfo(scale_type)
+    clipped = np.clip(values, np.float32(info.tiny), np.float32(info.max))
+    return clipped.astype(scale_type).astype(np.float32)
+
+
 def quantize_weight(
-    w: np.ndarray, axis: int | None, per_channel: bool, floor: np.ndarray | None = None
+    w: np.ndarray,
+    axis: int | None,
+    per_channel: bool,
+    floor: np.ndarray | None = None,
+    scale_type: type | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 weight quantization (zero point 0, range [-127, 127]).
 
@@ -123,6 +143,7 @@ def quantize_weight(
         axis: The output-channel axis (may be negative); used when ``per_channel``.
         per_channel: One scale per index of ``axis``; otherwise one scale for the whole tensor.
         floor: Smallest allowed scales (same shape as the scales), e.g. from :func:`int32_bias_floor`.
+        scale_type: The type the scales are stored in (:func:`in_scale_type`); None: float32.
 
     Returns:
         ``(q, scales)``: the int8 weight and float32 scales (1-D per channel, 0-d per tensor).
@@ -133,24 +154,28 @@ def quantize_weight(
     scales = _safe_scale(amax / np.float32(127.0))
     if floor is not None:
         scales = np.maximum(scales, np.asarray(floor, dtype=np.float32)).astype(np.float32)
+    scales = in_scale_type(scales, scale_type)
     q = np.clip(np.rint(w / _broadcast(scales, w.ndim, norm_axis)), -127, 127).astype(np.int8)
     return q, scales
 
 
-def quantize_weight_fp8(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight_fp8(
+    w: np.ndarray, axis: int | None, per_channel: bool, scale_type: type | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric FLOAT8E4M3FN weight quantization with scale ``amax / 448``.
 
     Args:
         w: The float weight.
         axis: The output-channel axis (may be negative); used when ``per_channel``.
         per_channel: One scale per index of ``axis``; otherwise one scale for the whole tensor.
+        scale_type: The type the scales are stored in (:func:`in_scale_type`); None: float32.
 
     Returns:
         ``(q, scales)``: the weight as an ``ml_dtypes.float8_e4m3fn`` array and float32 scales.
     """
     w = np.asarray(w, dtype=np.float32)
     amax, norm_axis = _channel_amax(w, axis, per_channel)
-    scales = _safe_scale(amax / np.float32(FP8_MAX))
+    scales = in_scale_type(_safe_scale(amax / np.float32(FP8_MAX)), scale_type)
     scaled = np.clip(w / _broadcast(scales, w.ndim, norm_axis), -FP8_MAX, FP8_MAX)
     return scaled.astype(ml_dtypes.float8_e4m3fn), scales
 

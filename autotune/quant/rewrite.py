@@ -19,8 +19,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from autotune.model import Layer
-from autotune.optypes import CONV_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTLESS_OP_TYPES
+from autotune.optypes import CONV_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
 from autotune.plan import Plan
+from autotune.quant.basetype import BASE_PRECISION_KNOB, BASE_TYPES, base_precision_of, range_float_ops, to_base
 from autotune.quant.graphedit import GraphEditor, RewriteError, ensure_opset
 from autotune.quant.placement import (
     Grid,
@@ -33,6 +34,7 @@ from autotune.quant.placement import (
 from autotune.quant.qparams import (
     activation_qparams,
     fp8_activation_scale,
+    in_scale_type,
     int32_bias_floor,
     pooling_scale_bounds,
     quantize_bias_int32,
@@ -116,8 +118,10 @@ class _Rewriter(GraphEditor):
         per_channel: bool,
         layer_ranges: Mapping[str, Mapping[str, tuple[float, float]]] | None = None,
         smoothing: Mapping[str, np.ndarray] | None = None,
+        scale_type: type | None = None,
     ) -> None:
         super().__init__(model)
+        self.scale_type = scale_type  # a half base stores scales in its type (autotune.quant.basetype)
         self.smoothing = smoothing or {}
         self.ranges = ranges
         self.layer_ranges = layer_ranges or {}
@@ -143,10 +147,11 @@ class _Rewriter(GraphEditor):
         """New scale and zero-point initializers for ``tensor`` from the layer's calibrated range."""
         lo, hi = self.range_of(tensor, layer)
         if fp8:
-            scale = fp8_activation_scale(lo, hi)
+            scale = in_scale_type(fp8_activation_scale(lo, hi), self.scale_type)
             zero: np.ndarray = np.array(0, dtype=ml_dtypes.float8_e4m3fn)
         else:
             scale, zero = activation_qparams(lo, hi, self.recipe.activation_dtype, bounds)
+            scale = in_scale_type(scale, self.scale_type)  # symmetric with a half base: the zero point stays 0
         scale_name = self.add_init(f"{tensor}__scale__{tag}", np.array(scale, dtype=np.float32))
         return Grid(np.float32(scale), scale_name, self.add_init(f"{tensor}__zp__{tag}", np.array(zero)))
 
@@ -205,10 +210,10 @@ class _Rewriter(GraphEditor):
         )
         if key not in self.cache:
             if fp8:
-                q, scales = quantize_weight_fp8(w, axis, per_channel)
+                q, scales = quantize_weight_fp8(w, axis, per_channel, self.scale_type)
                 zeros: np.ndarray = np.zeros(scales.shape, dtype=ml_dtypes.float8_e4m3fn)
             else:
-                q, scales = quantize_weight(w, axis, per_channel, floor)
+                q, scales = quantize_weight(w, axis, per_channel, floor, self.scale_type)
                 zeros = np.zeros(scales.shape, dtype=np.int8)
             tag = "fp8" if fp8 else "int8"
             self.cache[key] = (
@@ -357,6 +362,19 @@ class _Rewriter(GraphEditor):
             )
 
 
+def _check_base(base: str, recipe: QuantRecipe) -> None:
+    """RewriteError unless a half base has TensorRT's kind of recipe.
+
+    Symmetric activations keep a zero point of 0 whatever the scale's rounding, and float biases avoid an int32
+    bias scale (``act_scale * weight_scale``), which underflows FP16.
+    """
+    if base != "fp32" and (not recipe.activation_symmetric or recipe.quantize_gemm_bias or recipe.quantize_conv_output):
+        raise RewriteError(
+            f"knob {BASE_PRECISION_KNOB}={base} needs symmetric activations and float biases (TensorRT's recipe); "
+            f"this backend's recipe quantizes with zero points or int32 biases: use {BASE_PRECISION_KNOB}=fp32"
+        )
+
+
 def _check_plan(layers: Sequence[Layer], plan: Plan) -> tuple[dict[str, str], bool]:
     """Validates the plan against the layers; returns ``(precision by layer, per_channel)``."""
     granularity = plan.knob("weight_granularity", "per_channel")
@@ -398,21 +416,35 @@ def rewrite(
             ``(x / s) @ (s * W)``, the same product with the activation outliers moved into the weight; its range
             in ``layer_ranges`` must be that of ``x / s``.
 
+    A plan's knob ``base_precision`` (``fp32`` when unset; ``fp16``, ``bf16``) is what the whole graph computes
+    in; each layer's precision overrides it (``autotune.quant.basetype``): a layer in the base precision is left
+    as it is, an FP32 weighted layer is an FP32 island with Casts around it, an INT8/FP8 layer's Q/DQ scales and
+    DQ outputs are of the base type. A weightless layer (a residual Add, pooling) chooses only whether it joins the
+    INT8 unit before it: its ``fp32`` is the base.
+
     Returns:
         A new model with Q/DQ pairs (int8, fp8) or Casts and low-precision weights (fp16, bf16) per layer, with
-        the default-domain opset raised where a precision needs it.
+        the default-domain opset raised where a precision needs it. In a half base, every node left FP32 says
+        why in its ``doc_string``.
 
     Raises:
         RewriteError: The plan has an unknown precision or granularity, a layer cannot take its
             precision, or a needed range is missing.
     """
     precisions, per_channel = _check_plan(layers, plan)
-    active = [(layer, precisions.get(layer.name, "fp32")) for layer in layers]
-    active = [(layer, precision) for layer, precision in active if precision != "fp32"]
+    base = base_precision_of(plan.knob(BASE_PRECISION_KNOB, "fp32"))
+    _check_base(base, recipe)
+    chosen = [(layer, precisions.get(layer.name, "fp32")) for layer in layers]
+    active = [(layer, precision) for layer, precision in chosen if precision not in ("fp32", base)]
     out = copy.deepcopy(model)
     needed = max((_min_opset(precision, layer.op_type) for layer, precision in active), default=0)
+    if base == "bf16":
+        needed = max(needed, 22)  # Conv, pooling and most elementwise ops take bfloat16 from opset 22
+    elif base == "fp16" and any(precision in ("int8", "fp8") for _, precision in active):
+        needed = max(needed, 19)  # QuantizeLinear/DequantizeLinear take float16 scales from opset 19
     out = ensure_opset(out, needed)
-    rewriter = _Rewriter(out, ranges, recipe, per_channel, layer_ranges, smoothing)
+    scale_type = BASE_TYPES[base][1] if base in BASE_TYPES else None
+    rewriter = _Rewriter(out, ranges, recipe, per_channel, layer_ranges, smoothing, scale_type)
     for layer, precision in active:
         if precision == "int8":
             rewriter.apply_int8(layer)
@@ -421,4 +453,11 @@ def rewrite(
         else:
             rewriter.apply_half(layer, precision)
     rewriter.finish()
+    if base != "fp32":
+        keep = {
+            layer.name: f"FP32 override of the {base} base (the plan's choice for this layer)"
+            for layer, precision in chosen
+            if precision == "fp32" and layer.op_type in WEIGHTED_OP_TYPES
+        }
+        to_base(out, base, {**range_float_ops(out.graph, base), **keep})
     return out

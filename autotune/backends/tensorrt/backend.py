@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,14 @@ from autotune.backends.tensorrt.inspect import (
     parse_engine_info,
 )
 from autotune.backends.tensorrt.options import (
+    REFERENCES,
+    base_knobs,
     builder_knobs,
     configure_builder,
     network_flags,
     onnx_input_shapes,
     profile_shapes,
+    reference_plan,
     supported_precisions,
 )
 from autotune.backends.tensorrt.rules import QDQError, check_qdq, requested_precisions
@@ -45,6 +48,7 @@ from autotune.capabilities import Capabilities
 from autotune.config import TensorRTOptions
 from autotune.files import atomic_write
 from autotune.plan import KnobValue, Plan
+from autotune.quant.lowering import NONE
 from autotune.quant.recipe import TENSORRT
 
 _log = logging.getLogger(__name__)
@@ -131,11 +135,40 @@ class TensorRTBackend(GraphBackend):
     # ----- capabilities ---------------------------------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:
-        """Precisions from the device's compute capability; knobs from what this TensorRT has."""
+        """Precisions from the device's compute capability; knobs from what this TensorRT has, and the base.
+
+        ``base_precision`` (fp32, fp16, and bf16 where the device has it) is the type the whole typed graph
+        computes in; the plan's layer precisions override it (``autotune.quant.basetype``).
+        """
+        precisions = supported_precisions(self.trt, self.cuda.compute_capability())
         return Capabilities(
-            precisions=supported_precisions(self.trt, self.cuda.compute_capability()),
-            knobs=builder_knobs(self.trt, self.options),
+            precisions=precisions,
+            knobs=(*builder_knobs(self.trt, self.options), *base_knobs(precisions)),
         )
+
+    # ----- the one-liner references ---------------------------------------------------------------------------
+
+    def references(self) -> tuple[str, ...]:
+        """``trt-fp16`` and, where the device has BF16, ``trt-bf16``: the whole model in that type, no override.
+
+        TensorRT 11 has no ``--fp16``/``--best`` any more; NVIDIA's one line is ModelOpt AutoCast's FP16 (BF16)
+        graph, which is ``base_precision`` of that type with every layer in it.
+        """
+        bases = next(iter(base_knobs(supported_precisions(self.trt, self.cuda.compute_capability()))), None)
+        return tuple(name for name, base in REFERENCES.items() if bases is not None and base in bases.values)
+
+    def build_reference(
+        self, name: str, calibration: Sequence[Mapping[str, np.ndarray]], workdir: Path
+    ) -> GraphArtifact:
+        """Builds the reference ``name`` (``references``) on the prepared model; it needs no calibration.
+
+        Raises:
+            BuildError: ``name`` is no reference on this device, or the build failed.
+        """
+        if name not in self.references():
+            return super().build_reference(name, calibration, workdir)
+        precisions = supported_precisions(self.trt, self.cuda.compute_capability())
+        return self.build(reference_plan(self.model.layers, name, precisions), NONE, workdir)
 
     # ----- build ----------------------------------------------------------------------------------------------
 

@@ -30,8 +30,14 @@ from autotune.backends.tensorrt.command import (
 from autotune.backends.tensorrt.rules import SUPPORTED_DQ_CONSUMERS
 from autotune.capabilities import Knob
 from autotune.config import TensorRTOptions
+from autotune.model import Layer
 from autotune.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
-from autotune.plan import KnobValue
+from autotune.plan import KnobValue, Plan
+from autotune.quant.basetype import BASE_PRECISION_KNOB, BASE_PRECISIONS
+
+REFERENCES = {"trt-fp16": "fp16", "trt-bf16": "bf16"}
+"""The one-liner references: the whole model in FP16 or BF16, as ModelOpt AutoCast (or 10.x's ``trtexec --fp16``)
+gives it; each is ``base_precision`` of that type with no override."""
 
 
 def supported_precisions(trt: Any, compute_capability: tuple[int, int]) -> dict[str, tuple[str, ...]]:
@@ -53,6 +59,38 @@ def supported_precisions(trt: Any, compute_capability: tuple[int, int]) -> dict[
         for op in ("Conv", "Gemm", "MatMul"):
             precisions[op] = (*precisions[op], "fp8")
     return precisions
+
+
+def base_knobs(precisions: Mapping[str, Sequence[str]]) -> tuple[Knob, ...]:
+    """The ``base_precision`` knob: fp32 first (the default), then the half types some op type may take.
+
+    It ``follows_precision``: the uniform FP16 plan is the whole graph in FP16, not only its tunable layers.
+    """
+    offered = {precision for options in precisions.values() for precision in options}
+    floats = tuple(p for p in BASE_PRECISIONS if p == "fp32" or p in offered)
+    if len(floats) < 2:
+        return ()
+    description = "type the whole typed graph computes in (Casts at its I/O); each layer's precision overrides it"
+    return (Knob(BASE_PRECISION_KNOB, floats, description, follows_precision=True),)
+
+
+def reference_plan(layers: Sequence[Layer], name: str, precisions: Mapping[str, Sequence[str]]) -> Plan:
+    """The plan of the one-liner ``name`` (``REFERENCES``): its base for the whole graph and no override.
+
+    Every layer whose op type takes the base is in it (a layer in the base precision is no override); the rest
+    (weightless layers, whose ``fp32`` is the base) keep ``fp32``. No build knob is set: TensorRT's defaults.
+
+    Raises:
+        ValueError: ``name`` is no reference, or the device has not its precision.
+    """
+    if name not in REFERENCES:
+        raise ValueError(f"TensorRT has no reference {name!r}; its references: {sorted(REFERENCES)}")
+    base = REFERENCES[name]
+    knob = next(iter(base_knobs(precisions)), None)
+    if knob is None or base not in knob.values:
+        raise ValueError(f"{name}: this device has no {base}")
+    chosen = {layer.name: base if base in precisions.get(layer.op_type, ()) else "fp32" for layer in layers}
+    return Plan.make(chosen, {BASE_PRECISION_KNOB: base})
 
 
 def builder_knobs(trt: Any, options: TensorRTOptions) -> tuple[Knob, ...]:
