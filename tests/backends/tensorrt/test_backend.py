@@ -27,6 +27,7 @@ from autotune.backends.tensorrt.engine import _Tensor
 from autotune.backends.tensorrt.inspect import PrecisionReport
 from autotune.config import BackendConfig, ConfigError, dump_config
 from autotune.measure import Protocol, interleaved
+from autotune.quant.lowering import NONE
 from autotune.testing import tiny_config
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
@@ -240,3 +241,26 @@ def test_tune_and_evaluate_on_tensorrt(trt_backend, tmp_path):
     assert result["status"] == "ok", result.get("error")
     assert result["artifact"].endswith("engine.plan") and Path(result["artifact"]).is_file()
     assert result["speedup"] > 0 and result["accuracy_drop"] is not None
+
+
+@pytest.mark.tensorrt
+def test_fp16_base_with_overrides_and_the_fp16_reference_on_tensorrt(trt_backend, tmp_path):
+    from autotune.harness import TrialRunner
+
+    config = tiny_config(tmp_path, backend={"name": "tensorrt", "timeout_s": 300})
+    runner = TrialRunner(config)
+    feeds = runner.datasets["evaluation"].batches[0]
+    inputs = {k: v for k, v in feeds.items() if k == "x"}
+    fp32 = runner.backend.run(runner.backend.build(runner.space.plan(), NONE, config.run_dir), feeds)[0]
+    plan = runner.space.plan({"fc1": "int8", "fc2": "fp32", "fc3": "fp16", "head": "fp16"}, {"base_precision": "fp16"})
+    typed = runner.typed_model(plan)
+    artifact = GraphArtifact(typed, runner.backend.build_graph(typed, plan.knob_map, config.run_dir))
+    report = artifact.engine.report
+    assert report.mismatches == [], [c.describe() for c in report.mismatches]
+    assert {c.node: c.requested for c in report.checks} == {"fc1": "int8", "fc2": "fp32", "fc3": "fp16", "head": "fp16"}
+    assert all(t.dtype == np.float32 for t in artifact.engine.tensors.values())  # the engine's I/O is the model's
+    expected = ort.InferenceSession(typed.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    assert _cosine(runner.backend.run(artifact, feeds)[0], expected) > 0.999
+    assert "trt-fp16" in runner.backend.references()
+    reference = runner.backend.build_reference("trt-fp16", [], config.run_dir)
+    assert _cosine(runner.backend.run(reference, feeds)[0], fp32) > 0.999

@@ -289,8 +289,8 @@ def test_half_scales_are_what_the_weights_were_quantized_with():
     _, typed = lowered("conv", "fp16")
     inits = {init.name: numpy_helper.to_array(init) for init in typed.graph.initializer}
     dq = next(node for node in typed.graph.node if node.name == "conv1__w__DQ")
+    assert inits[dq.input[1]].dtype == np.float16
     q, scales = inits[dq.input[0]], inits[dq.input[1]].astype(np.float32)
-    assert scales.dtype == np.float32 or inits[dq.input[1]].dtype == np.float16
     weight = numpy_helper.to_array(next(i for i in conv_net().graph.initializer if i.name == "w1"))
     expected = np.clip(np.rint(weight / scales.reshape(-1, 1, 1, 1)), -127, 127)
     np.testing.assert_array_equal(q, expected)
@@ -338,3 +338,23 @@ def test_whole_model_fp16_reference_is_the_fp16_base_with_no_override():
     assert set(REFERENCES) == {"trt-fp16", "trt-bf16"}
     with pytest.raises(ValueError, match="no bf16"):
         reference_plan(model.layers, "trt-bf16", supported_precisions(fake_trt("11.4.0.106"), (7, 5)))
+
+
+@pytest.mark.parametrize("kind", ["conv", "attention"])
+def test_an_fp8_layer_in_an_fp16_base_has_fp16_scales_and_runs(kind):
+    precisions = {name: ("fp8" if p == "int8" else p) for name, p in PLANS[kind].items()}
+    model, typed = lowered(kind, "fp16", precisions)
+    onnx.checker.check_model(typed, full_check=True)
+    check_qdq(typed)
+    types = tensor_types(typed)
+    fp8_layer = next(name for name, p in precisions.items() if p == "fp8")
+    dqs = [n for n in typed.graph.node if n.op_type == "DequantizeLinear" and n.name.startswith(f"{fp8_layer}__")]
+    assert len(dqs) == 2  # the activation and the weight
+    for dq in dqs:
+        assert types[dq.input[2]] == TensorProto.FLOAT8E4M3FN
+        assert types[dq.input[1]] == types[dq.output[0]] == TensorProto.FLOAT16
+    assert requested_precisions(typed)[fp8_layer] == "fp8"
+    feeds = _feeds(model, seed=2)
+    fp32, half = _run(model.proto, feeds)[0], _run(typed, feeds)[0]
+    cosine = float(np.dot(half.ravel(), fp32.ravel()) / np.linalg.norm(half) / np.linalg.norm(fp32))
+    assert cosine > 0.99
