@@ -17,7 +17,8 @@ confirmation protocol, interleaved with FP32: the one-liners (``TorchBackend.bui
 A head-to-head ``ratio`` is the one-liner's latency over ours (median of per-round ratios): >= 1.00 means ours is
 at least as fast. Plan specs: ``PRECISION[@REGEX][:knob=value,...]``: the layers matching ``REGEX`` (all when
 left out) take ``PRECISION``, the others the plan's base precision (``base_precision``, which a uniform plan
-sets to ``PRECISION`` where it is one; ``autotune.search.space.SearchSpace.uniform``).
+sets to ``PRECISION`` where it is one; ``autotune.search.space.SearchSpace.uniform``). A spec ending in ``.json``
+is a plan file, such as the ``best/plan.json`` of an ``autotune tune`` run.
 
 Writes ``oneliners.json`` and ``oneliners.md`` into ``--out`` after every row; a failure is a row with its error.
 """
@@ -61,6 +62,15 @@ def resolve(spec: str, space: Any) -> Any:
     Raises:
         ValueError: An unknown precision, or a plan outside the space.
     """
+    if spec.endswith(".json"):  # a plan file: the plan.json of a run's exported winner
+        from autotune.plan import Plan
+
+        stored = Plan.from_json(Path(spec).read_text())
+        plan = space.plan(stored.precision_map, stored.knob_map)
+        problems = space.violations(plan)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return plan
     head, _, knob_text = spec.partition(":")
     precision, _, pattern = head.partition("@")
     knobs = parse_knobs([item for item in knob_text.split(",") if item]) if knob_text else {}
