@@ -25,6 +25,7 @@ from autotune.quant.recipe import QuantRecipe
 
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
+    from autotune.quant.layerwise import LayerProbe
 
 
 class BackendUnavailable(RuntimeError):
@@ -109,6 +110,14 @@ class Backend(ABC):
         start = time.perf_counter()
         self.run(artifact, feeds)
         return (time.perf_counter() - start) * 1e3
+
+    def layer_probe(self) -> LayerProbe | None:
+        """What runs the layerwise calibration's single-layer evaluations on this backend's device, or None.
+
+        None (the default) runs them on ONNX Runtime's CPU (``autotune.quant.layerwise``). Called after
+        ``prepare``.
+        """
+        return None
 
     def profile(self, model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
         """Each layer's share of FP32 runtime, or None when the backend cannot profile per layer."""

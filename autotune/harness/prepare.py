@@ -128,6 +128,7 @@ def choose_layerwise(
             candidates,
             # The bar shows a person where a first run's minutes go; logs and captured output get the summary line.
             progress=log.isEnabledFor(logging.INFO) and sys.stderr.isatty(),
+            layer_probe=backend.layer_probe(),  # the backend's own device where it has one (torch on CUDA)
         )
     except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
         raise SetupError(

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -71,6 +72,39 @@ _MARGIN = 1.25
 Most losing candidates are several times worse than the best, and the batches agree: on MiniLM this cut the
 downstream runs from 424 (with only the exact bound, a noise above the best total) to 339, with the same 36
 choices."""
+
+
+class LayerProbe(Protocol):
+    """Runs one layer's INT8 candidates on a backend's own device instead of ONNX Runtime's CPU.
+
+    A backend offers one (``Backend.layer_probe``) where it runs the model itself on an accelerator: the torch
+    backend on CUDA runs each candidate as its own quantized module inside the FP32 module, on the GPU, in
+    seconds where the CPU probes took minutes. It quantizes the layer as the backend's builds do, so its errors
+    are the backend's own numbers; the choice rule (:func:`choose_methods`) and the output format are the same.
+
+    Attributes:
+        name: Where it runs, e.g. ``torch:cuda``: part of the cache key, so choices made on one device are not
+            read back as another's.
+    """
+
+    name: str
+
+    def noise(
+        self,
+        layer: Layer,
+        candidates: Sequence[Mapping[str, tuple[float, float]]],
+        batches: Sequence[Mapping[str, np.ndarray]],
+        output_index: int,
+    ) -> tuple[list[float], float]:
+        """The summed squared error of the scored output per candidate, and the summed squared FP32 output.
+
+        Each candidate is the ranges ``layer`` is quantized with; the sums run over ``batches``, against the FP32
+        model's output on the probe's device.
+
+        Raises:
+            ValueError: The layer cannot be quantized alone here (no module, a missing range).
+        """
+        ...
 
 
 def choose_methods(layers: Sequence[str], methods: Sequence[str], error: Callable[[str, str], float]) -> dict[str, str]:
@@ -295,6 +329,23 @@ def _layer_errors(
     return [_noise_to_signal(estimate(i), sum(signals)) for i in range(len(candidates))]
 
 
+def _probed_errors(
+    layer_probe: LayerProbe,
+    layer: Layer,
+    cut: Cut,
+    candidates: Sequence[_Candidate],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    output_index: int,
+) -> list[float]:
+    """The model-output noise-to-signal of each candidate, measured by ``layer_probe`` on all the batches."""
+    if any(factors is not None for _, factors in candidates):
+        raise ValueError(f"{layer_probe.name} probes range methods only, not SmoothQuant")
+    if not cut.reaches_output:  # as in _layer_errors: the layer cannot move the scored output
+        return [_noise_to_signal(0.0, 1.0)] * len(candidates)
+    noise, signal = layer_probe.noise(layer, [ranges for ranges, _ in candidates], batches, output_index)
+    return [_noise_to_signal(value, signal) for value in noise]
+
+
 def _noise_to_signal(noise: float, signal: float) -> float:
     """``noise / signal`` as ``snr_db`` sees it: identical outputs score its SNR cap, not 0."""
     floor = 10.0 ** (-SNR_CAP_DB / 10.0)
@@ -351,17 +402,18 @@ def choose_layer_methods(
     methods: Sequence[str] = (*METHODS, *SMOOTHING),
     progress: bool = True,
     exhaustive: bool = False,
+    layer_probe: LayerProbe | None = None,
 ) -> LayerwiseChoices:
     """Quantizes each layer alone to INT8 with each candidate and keeps the least harmful one.
 
     The error is the noise-to-signal power ratio of the model output against FP32 on ``batches`` (the
-    calibration data: no labels needed, and the evaluation data stays unseen). Runs on ONNX Runtime's CPU for
-    every backend: the Q/DQ graphs are the same numbers wherever they run. One FP32 run caches what every layer
-    reads; then, per layer, one probe session computes all its candidates and only the model downstream of the
-    layer runs per candidate (see ``autotune/quant/probe.py``), skipping the rest of a candidate's batches once it
-    cannot win. The cached FP32 tensors of all batches stay in memory meanwhile (MiniLM: 130 MB per batch of 8 x
-    128 tokens). A range method whose ranges for the layer equal an earlier method's is not run again; smoothing
-    candidates count only for MatMuls with a 2-D weight.
+    calibration data: no labels needed, and the evaluation data stays unseen). Runs on ONNX Runtime's CPU (the
+    Q/DQ graphs are the same numbers wherever they run) unless a ``layer_probe`` runs it on the backend's device.
+    On the CPU, one FP32 run caches what every layer reads; then, per layer, one probe session computes all its
+    candidates and only the model downstream of the layer runs per candidate (see ``autotune/quant/probe.py``),
+    skipping the rest of a candidate's batches once it cannot win. The cached FP32 tensors of all batches stay in
+    memory meanwhile (MiniLM: 130 MB per batch of 8 x 128 tokens). A range method whose ranges for the layer equal
+    an earlier method's is not run again; smoothing candidates count only for MatMuls with a 2-D weight.
 
     Args:
         model: The FP32 model.
@@ -376,6 +428,9 @@ def choose_layer_methods(
         progress: Show a progress bar (on stderr) over the layers.
         exhaustive: Measure every candidate on every batch, so every recorded error is exact (the choices are
             the same either way; slower).
+        layer_probe: Runs the single-layer candidates on the backend's device (:class:`LayerProbe`), every
+            candidate on every batch; None runs them on ONNX Runtime's CPU as described above. Range methods
+            only: SmoothQuant candidates need the ONNX probes.
 
     Returns:
         The choices, from the cache when one matches; ``seconds`` says how long choosing took.
@@ -384,6 +439,8 @@ def choose_layer_methods(
     path = None
     if cache_dir is not None:
         key = (output_index, tuple(methods), exhaustive)
+        if layer_probe is not None:
+            key = (*key, layer_probe.name)
         path = _cache_path(Path(cache_dir), model_hash, batches, layers, recipe, calibration, key)
         cached = _load(path, layers, methods)
         if cached is not None:
@@ -402,8 +459,13 @@ def choose_layer_methods(
     cuts = {layer.name: find_cut(model, layer, recipe, output) for layer in layers}
     fetched = list(dict.fromkeys(name for cut in cuts.values() for name in cut.fetched))
     # The FP32 run counts as one step of the bar: on MiniLM it takes about as long as one early layer.
+    if layer_probe is not None and channel_tensors:
+        raise ValueError(f"{layer_probe.name} probes range methods only, not SmoothQuant ({sorted(SMOOTHING)})")
     with tqdm(total=len(layers) + 1, desc="layerwise calibration", unit="step", disable=not progress) as bar:
-        reference, values, channels = _fp32_pass(model, fetched, channel_tensors, batches, output_index)
+        if layer_probe is None:
+            reference, values, channels = _fp32_pass(model, fetched, channel_tensors, batches, output_index)
+        else:  # the probe runs its own FP32 model on its device
+            reference, values, channels = [], [], {}
         bar.update()
         by_method = {method: calibration.ranges(method) for method in methods if method not in SMOOTHING}
         errors: dict[str, dict[str, float]] = {}
@@ -413,9 +475,14 @@ def choose_layer_methods(
             for option in options.values():
                 if option is not None:
                     unique.setdefault(*option)
-            measured = _layer_errors(
-                model, layer, cuts[layer.name], recipe, list(unique.values()), values, reference, output, exhaustive
-            )
+            if layer_probe is None:
+                measured = _layer_errors(
+                    model, layer, cuts[layer.name], recipe, list(unique.values()), values, reference, output, exhaustive
+                )
+            else:
+                measured = _probed_errors(
+                    layer_probe, layer, cuts[layer.name], list(unique.values()), batches, output_index
+                )
             by_key = dict(zip(unique, measured, strict=True))
             errors[layer.name] = {method: by_key[option[0]] for method, option in options.items() if option}
             bar.update()

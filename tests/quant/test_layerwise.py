@@ -433,3 +433,104 @@ def test_progress_goes_to_stderr_only_when_asked_and_the_time_is_logged(tmp_path
     # A cache hit: no bar, no time spent choosing, and the same choices.
     again = choose_layer_methods(*args, cache_dir=tmp_path / "loud")
     assert capsys.readouterr() == ("", "") and again.seconds == 0.0 and again == loud
+
+
+# ---- single-layer evaluations on the backend's device (the torch backend's probe) ----------------------------
+
+
+def _torch_setup(tmp_path, **overrides):
+    """A CPU TrialRunner of the tiny torch MLP, the layers layerwise chooses for, and its calibration data."""
+    from autotune.testing import tiny_torch_config
+
+    runner = TrialRunner(tiny_torch_config(tmp_path, **overrides))
+    layers = [
+        layer for layer, options in zip(runner.space.layers, runner.space.choices, strict=True) if "int8" in options
+    ]
+    return runner, layers, runner.calibration_batches
+
+
+def _torch_probe(runner, device="cpu"):
+    from autotune.backends.torch.layer_probe import TorchLayerProbe
+
+    backend = runner.backend
+    names = [spec.name for spec in runner.model.inputs]
+    return TorchLayerProbe(backend.fp32_module(), backend._bindings, names, device)
+
+
+def test_the_torch_probe_measures_what_the_onnx_probes_measure_on_its_device(tmp_path):
+    runner, layers, batches = _torch_setup(tmp_path)
+    args = (runner.model.proto, layers, runner.backend.recipe, runner.calibration, batches)
+    onnx_side = choose_layer_methods(*args, progress=False, exhaustive=True)
+    layer_probe = _torch_probe(runner)
+    on_device = choose_layer_methods(*args, progress=False, layer_probe=layer_probe)
+    assert layer_probe.forwards > 0 and next(layer_probe.module.parameters()).device.type == "cpu"
+    # The torch probe runs the backend's Int8Linear (an int32 accumulator), the ONNX probes Q/DQ in float:
+    # the same quantization, so the same errors up to float rounding, and the same choices.
+    assert set(on_device.errors) == {layer.name for layer in layers} == set(onnx_side.errors)
+    for name, errors in on_device.errors.items():
+        assert errors.keys() == onnx_side.errors[name].keys()
+        for method, error in errors.items():
+            assert error == pytest.approx(onnx_side.errors[name][method], rel=1e-3), (name, method)
+    assert on_device.methods == onnx_side.methods
+    assert isinstance(on_device.errors[layers[0].name]["max"], float)  # the format other tools read
+
+
+def test_a_probe_skips_the_onnx_runs_and_keeps_its_own_cache_entry(tmp_path, monkeypatch):
+    runner, layers, batches = _torch_setup(tmp_path)
+    args = (runner.model.proto, layers, runner.backend.recipe, runner.calibration, batches)
+    runs = _counting_sessions(monkeypatch)
+    monkeypatch.setattr(layerwise, "_fp32_pass", lambda *a, **k: pytest.fail("the ONNX FP32 pass ran"))
+    cache = tmp_path / "layerwise-cache"
+    first = choose_layer_methods(*args, cache_dir=cache, progress=False, layer_probe=_torch_probe(runner))
+    assert runs[0] == 0  # no ONNX Runtime probe session ran
+    # The probe's choices are cached under a key of their own: a probe-less run does not read them back.
+    again_probe = _torch_probe(runner)
+    assert choose_layer_methods(*args, cache_dir=cache, progress=False, layer_probe=again_probe) == first
+    assert again_probe.forwards == 0
+    assert len(list(cache.glob("layerwise-*.json"))) == 1
+    monkeypatch.undo()
+    choose_layer_methods(*args, cache_dir=cache, progress=False)
+    assert len(list(cache.glob("layerwise-*.json"))) == 2
+
+
+def test_the_runner_uses_the_backends_probe_where_it_offers_one(tmp_path, monkeypatch):
+    from autotune.backends.torch import TorchBackend
+
+    made = []
+
+    def cpu_probe(backend):
+        # A CPU stand-in for the CUDA probe a GPU machine gets: the harness cannot tell the two apart.
+        from autotune.backends.torch.layer_probe import TorchLayerProbe
+
+        names = [spec.name for spec in backend.model.inputs]
+        made.append(TorchLayerProbe(backend.fp32_module(), backend._bindings, names, "cpu"))
+        return made[-1]
+
+    monkeypatch.setattr(TorchBackend, "layer_probe", cpu_probe)
+    runner, layers, _ = _torch_setup(tmp_path)
+    assert made and made[0].forwards > 0
+    assert set(runner.layerwise.methods) == {layer.name for layer in layers}
+
+
+def test_the_torch_backend_keeps_the_onnx_probes_on_the_cpu(tmp_path):
+    runner, _, _ = _torch_setup(tmp_path)
+    assert runner.backend.layer_probe() is None  # CPU results stay exactly what they were
+
+
+@pytest.mark.gpu
+def test_the_torch_backend_probes_on_cuda_with_the_cpu_choices(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (an NVIDIA GPU and a CUDA torch)")
+    runner, layers, batches = _torch_setup(tmp_path, backend={"name": "torch", "options": {"device": "cuda"}})
+    layer_probe = runner.backend.layer_probe()
+    assert layer_probe is not None and layer_probe.name == "torch:cuda"
+    assert next(layer_probe.module.parameters()).device.type == "cuda"
+    args = (runner.model.proto, layers, runner.backend.recipe, runner.calibration, batches)
+    on_gpu = choose_layer_methods(*args, progress=False, layer_probe=layer_probe)
+    on_cpu = choose_layer_methods(*args, progress=False, exhaustive=True)
+    assert on_gpu.methods == on_cpu.methods
+    for name, errors in on_gpu.errors.items():
+        for method, error in errors.items():
+            assert error == pytest.approx(on_cpu.errors[name][method], rel=1e-2), (name, method)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autotune.backends.base import Backend, BackendUnavailable, BuildError
-from autotune.backends.torch import torchao_linear
 from autotune.backends.torch.attention import attention_implementations
 from autotune.backends.torch.binding import bind_layers, count_calls
 from autotune.backends.torch.device import (
@@ -32,9 +31,10 @@ from autotune.backends.torch.device import (
     torch_capabilities,
 )
 from autotune.backends.torch.export import write_export
+from autotune.backends.torch.layer_probe import TorchLayerProbe
 from autotune.backends.torch.modules import module_choices, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_launch
-from autotune.backends.torch.torchao_linear import TORCHAO
+from autotune.backends.torch.torchao_linear import TORCHAO, torchao
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
 from autotune.extras import MissingExtra
@@ -94,7 +94,7 @@ class TorchBackend(Backend):
             )
         if self.options.quantized_gemm == TORCHAO:
             try:
-                torchao_linear.torchao()
+                torchao()
             except MissingExtra as error:
                 raise BackendUnavailable(str(error)) from error
         self._capabilities: Capabilities | None = None
@@ -225,6 +225,16 @@ class TorchBackend(Backend):
             raise
         except Exception as error:  # noqa: BLE001 - compile, capture and kernel errors come in many types
             raise BuildError(f"{type(error).__name__}: {error}") from error
+
+    def layer_probe(self) -> TorchLayerProbe | None:
+        """On CUDA, the layerwise calibration's single-layer evaluations on the GPU (``layer_probe.py``).
+
+        On the CPU, None: they run on ONNX Runtime as for every backend, with the same results as before.
+        """
+        if not self.info.is_cuda or self.model is None:
+            return None
+        names = [spec.name for spec in self.model.inputs]
+        return TorchLayerProbe(self.fp32_module(), self._bindings, names, self.device)
 
     # -- the one-liner references
 

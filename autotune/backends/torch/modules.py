@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BuildError
-from autotune.backends.torch import torchao_linear
 from autotune.backends.torch.attention import set_attention
+from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS, quantize_modules, static_config, wrap_for_torchao
 from autotune.backends.torch.wrappers import wrappers
 from autotune.extras import MissingExtra
 from autotune.plan import Plan
@@ -127,7 +127,7 @@ def _wrap(
     choice: ModuleChoice,
     per_channel: bool,
     fp8_scaling: str | None,
-    quantized_gemm: str = torchao_linear.WRAPPERS,
+    quantized_gemm: str = WRAPPERS,
     base: str = "fp32",
 ) -> tuple[Any, Any]:
     """The module that replaces ``module``, and its torchao config (None unless torchao quantizes it later)."""
@@ -140,9 +140,9 @@ def _wrap(
         raise BuildError(f"{choice.precision} is for nn.Linear only, not {type(module).__name__}")
     lo, hi = choice.activation_range if choice.activation_range is not None else (0.0, 0.0)
     scale = activation_scale(lo, hi, choice.precision)
-    if quantized_gemm == torchao_linear.TORCHAO and choice.precision in ("int8", "fp8"):
-        config = torchao_linear.static_config(choice.precision, scale, per_channel)
-        return torchao_linear.wrap_for_torchao(module, float_dtype(base)), config
+    if quantized_gemm == TORCHAO and choice.precision in ("int8", "fp8"):
+        config = static_config(choice.precision, scale, per_channel)
+        return wrap_for_torchao(module, float_dtype(base)), config
     return _own_wrapper(module, choice.precision, scale, per_channel, fp8_scaling), None
 
 
@@ -164,7 +164,7 @@ def rewrite_module(
     fp8_scaling: str | None = "rowwise",
     base: str = "fp32",
     attention: str | None = None,
-    quantized_gemm: str = torchao_linear.WRAPPERS,
+    quantized_gemm: str = WRAPPERS,
 ) -> Any:
     """A deep copy of ``module`` with each chosen module replaced by its wrapper; ``module`` is left as it was.
 
@@ -208,7 +208,7 @@ def rewrite_module(
     for path, new in wrapped.items():
         rewritten = _replace(rewritten, path, new)
     try:
-        torchao_linear.quantize_modules(rewritten, torchao_configs)
+        quantize_modules(rewritten, torchao_configs)
     except Exception as error:  # noqa: BLE001 - torchao's own errors come in many types
         raise BuildError(f"torchao quantize_: {type(error).__name__}: {error}") from error
     if base != "fp32":

@@ -4,6 +4,8 @@ torchao runs its static configs on the CPU too (eager), so the rewrite, the numb
 backend option and the export are tested here; ``-m gpu`` builds them compiled with a CUDA graph.
 """
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,6 @@ from autotune.backends import BackendUnavailable, BuildError
 from autotune.backends.torch import ModuleChoice, TorchBackend, load_exported, rewrite_module
 from autotune.backends.torch import torchao_linear as ao
 from autotune.config import BackendConfig, TorchOptions
-from autotune.extras import MissingExtra
 from autotune.harness import TrialRunner
 from autotune.testing import tiny_torch_config, tiny_torch_mlp
 
@@ -85,12 +86,10 @@ def test_the_wrappers_stay_the_default_and_the_option_is_validated():
 
 
 def test_a_missing_torchao_is_one_line_naming_the_extra(monkeypatch):
-    def missing():
-        raise MissingExtra("backend.options.quantized_gemm: torchao needs the 'torchao' extra: pip install ...")
-
-    monkeypatch.setattr(ao, "torchao", missing)
-    with pytest.raises(BackendUnavailable, match="'torchao' extra"):
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # import fails as if not installed
+    with pytest.raises(BackendUnavailable, match=r"'torchao' extra: pip install 'autotune\[torchao\]'"):
         TorchBackend("autotune.testing:tiny_torch_mlp", TorchOptions(device="cpu", quantized_gemm="torchao"))
+    TorchBackend("autotune.testing:tiny_torch_mlp", TorchOptions(device="cpu"))  # the wrappers need no torchao
 
 
 def test_torchao_is_for_linear_only():
