@@ -3,7 +3,8 @@
 #
 # The H200 machine has Python 3.12, torch, transformers, onnx, onnxruntime, numpy, pyyaml, tqdm, matplotlib,
 # pandas, tensorboard, cloudpickle, pytest and hypothesis, but no network, and not pydantic (the config),
-# gymnasium + stable-baselines3 + sb3-contrib (the agent) or optuna (a baseline). This script downloads those
+# gymnasium + stable-baselines3 + sb3-contrib (the agent), optuna (a baseline) or torchao (the torch backend's
+# quantized_gemm: torchao, and bench/gpu_sweep.py). This script downloads those
 # and their missing dependencies, at the versions installed in .venv so the device runs what the tests ran.
 # What travels to the device must stay under 64 MiB per call: .whl/ is git-ignored, so carry it explicitly.
 #
@@ -24,6 +25,7 @@ PACKAGES=(
     pydantic pydantic-core annotated-types typing-inspection typing-extensions
     gymnasium farama-notifications stable-baselines3 sb3-contrib
     optuna alembic sqlalchemy mako colorlog
+    torchao
 )
 
 if [[ "${1:-download}" == "install" ]]; then
@@ -58,10 +60,11 @@ done
 rm -rf "$WHEELS"
 mkdir -p "$WHEELS"
 # --platform any is not needed for the pure-Python wheels (pip always accepts py3-none-any); the manylinux tags
-# cover pydantic-core and SQLAlchemy's compiled wheels for CPython 3.12.
+# cover pydantic-core and SQLAlchemy's compiled wheels for CPython 3.12; abi3 is torchao's (cp310-abi3), and
+# naming --abi drops pip's default of none, so it is named too.
 # grep drops the local index's warnings about folders it does not have.
 "${PIP[@]}" download --quiet --dest "$WHEELS" --no-deps --only-binary=:all: \
-    --python-version 3.12 --implementation cp --abi cp312 \
+    --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     "${REQUIREMENTS[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 
