@@ -46,7 +46,7 @@ GEMM_KERNELS = ("bf16", "fp8_rowwise_gemm", "fp8_rowwise_quant", "fp8_tensorwise
 
 MODELS = {
     "minilm": "all-MiniLM-L6-v2 (6 layers, hidden 384, FFN 1536), its real weights",
-    "bert-large": "BERT-large-shaped encoder (8 layers, hidden 1024, FFN 4096, 16 heads), random weights",
+    "bert-large": "autotune.examples.encoder: BERT-large-shaped (hidden 1024, FFN 4096), random weights",
 }
 DEFAULT_MODELS = ("bert-large:128", "minilm:256", "minilm:64", "minilm:8", "bert-large:32")
 VARIANTS = {
@@ -58,7 +58,6 @@ VARIANTS = {
     "torchao-fp8-dynamic": "torchao Float8DynamicActivationFloat8WeightConfig(PerRow) on every Linear",
 }
 DEFAULT_VARIANTS = ("bf16", "fp8", "torchao-fp8-static", "torchao-int8-static", "int8", "torchao-fp8-dynamic")
-SEQ_LEN = 128
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -382,30 +381,24 @@ def build_model(name: str) -> Any:
         from autotune.examples.minilm import build_module
 
         return build_module().eval()
-    import torch
-    from transformers import BertConfig, BertModel
+    from autotune.examples.encoder import build_module  # eager attention; builds switch to SDPA, as for MiniLM
 
-    config = BertConfig(
-        hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, intermediate_size=4096, vocab_size=30522
-    )
-    config._attn_implementation = "eager"  # set_attention switches builds to SDPA, as for MiniLM
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return BertModel(config, add_pooling_layer=False).eval()
+    return build_module().eval()
 
 
 def model_inputs(name: str, batch: int) -> list[Any]:
-    """input_ids and attention_mask for ``batch`` x ``SEQ_LEN``: real sentences for MiniLM, random ids else."""
+    """input_ids and attention_mask of the first held-out batch of the model's example (128 tokens a row).
+
+    MiniLM's are real sentences; the encoder's are random ids of padded lengths, what its config tunes on.
+    """
     import torch
 
     if name == "minilm":
         from autotune.examples.minilm import batches
-
-        feeds = batches("holdout", batch_size=batch)[0]
-        return [torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])]
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(1000, 30000, (batch, SEQ_LEN), generator=generator)
-    return [ids, torch.ones(batch, SEQ_LEN, dtype=torch.int64)]
+    else:
+        from autotune.examples.encoder import batches
+    feeds = batches("holdout", batch_size=batch)[0]
+    return [torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])]
 
 
 def linear_ranges(module: Any, inputs: Sequence[Any]) -> dict[str, tuple[float, float]]:

@@ -22,7 +22,8 @@ GPU_CONFIGS = {
 def test_gpu_configs_validate_with_the_torch_backend_and_a_short_search(name, batch):
     config = load_config(CONFIGS / name)
     assert config.name == name.removesuffix(".yaml")
-    assert config.backend.name == "torch" and config.backend.options.model_dump() == {"device": "cuda"}
+    assert config.backend.name == "torch"
+    assert config.backend.options.model_dump() == {"device": "cuda", "quantized_gemm": "autotune"}
     assert config.backend.timeout_s == 300
     assert config.search.knobs == {"mode": ["compile"], "cuda_graphs": [True]}
     assert config.budget.builds == 24 and config.confirm.top_k == 3
