@@ -74,10 +74,11 @@ class Pool:
         """Stops every worker."""
         raise NotImplementedError
 
-    def _send(self, worker: int, kind: str, payload: Any) -> None:
+    def send(self, worker: int, kind: str, payload: Any) -> None:
+        """Sends one request to a worker, without waiting (a stopped worker is started first)."""
         raise NotImplementedError
 
-    def _collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
+    def collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
         """Waits until a busy worker answers or passes its deadline (monotonic time); returns what ended."""
         raise NotImplementedError
 
@@ -101,7 +102,7 @@ class Pool:
         try:
             while queue or busy:
                 self._dispatch(queue, busy, running)
-                for worker, outcome in self._collect(busy):
+                for worker, outcome in self.collect(busy):
                     del busy[worker]
                     index, kind, payload = running.pop(worker)
                     if outcome[0] == "timeout" or outcome[0] == "crash":
@@ -129,7 +130,7 @@ class Pool:
                 waiting.append((index, kind, payload, avoid))  # wait for another worker to come free
                 continue
             worker = (others or idle)[0]
-            self._send(worker, kind, payload)
+            self.send(worker, kind, payload)
             busy[worker] = time.monotonic() + self.timeout_s
             running[worker] = (index, kind, payload)
         queue.extend(waiting)
@@ -172,10 +173,12 @@ class LocalPool(Pool):
         for child in self.children:
             child.stop()
 
-    def _send(self, worker: int, kind: str, payload: Any) -> None:
+    def send(self, worker: int, kind: str, payload: Any) -> None:
+        """Sends one request to a worker's process (restarted first if it died)."""
         self.children[worker].send(kind, payload)
 
-    def _collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
+    def collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
+        """Waits on the busy workers' pipes until one answers or passes its deadline."""
         wait_s = max(0.0, min(busy.values()) - time.monotonic())
         ready = wait([self.children[w].connection for w in busy], timeout=wait_s)
         now = time.monotonic()
@@ -276,12 +279,14 @@ class RayPool(Pool):
                 self.ray.kill(actor)
         self.actors = [None] * self.size
 
-    def _send(self, worker: int, kind: str, payload: Any) -> None:
+    def send(self, worker: int, kind: str, payload: Any) -> None:
+        """Calls the worker's actor (a new one replaces a killed or dead one)."""
         if self.actors[worker] is None:
             self.actors[worker] = self._new_actor()
         self._pending[worker] = self.actors[worker].serve.remote(kind, payload)
 
-    def _collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
+    def collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
+        """Waits on the busy actors' calls until one ends or passes its deadline; a dead actor is a crash."""
         wait_s = max(0.0, min(busy.values()) - time.monotonic())
         refs = {self._pending[w]: w for w in busy}
         done, _ = self.ray.wait(list(refs), num_returns=1, timeout=wait_s)
