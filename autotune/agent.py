@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,84 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
     return BudgetCallback()
 
 
+def _side_by_side(factories: list[Callable[[], Any]], prefetch: Callable[[list[Plan]], None]) -> Any:
+    """A ``DummyVecEnv`` whose envs' final steps are built side by side.
+
+    Every env has the same episode length, so all of them reach their last decision at the same step: before
+    stepping, the plans those actions complete go to ``prefetch`` as one batch (for the workers to build at
+    once), and each env's own evaluation then finds its result waiting.
+    """
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    class SideBySide(DummyVecEnv):
+        def step_wait(self) -> Any:
+            plans = [env.unwrapped.plan_after(int(a)) for env, a in zip(self.envs, self.actions, strict=True)]
+            if any(plan is not None for plan in plans):
+                prefetch([plan for plan in plans if plan is not None])
+            return super().step_wait()
+
+    return SideBySide(factories)
+
+
+def _real_envs(
+    make_env: Callable[[Callable[[Plan], TrialResult]], Callable[[], Any]],
+    evaluate: Callable[[Plan], TrialResult],
+    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None,
+    envs: int,
+    builds: Callable[[], int],
+    budget: int,
+) -> Any:
+    """The vectorised env of the real rollouts: one env, or ``envs`` whose final steps are built side by side."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    if envs == 1 or evaluate_many is None:
+        return DummyVecEnv([make_env(evaluate)])
+    prefetched: dict[str, TrialResult] = {}
+
+    def prefetch(plans: list[Plan]) -> None:
+        for result in evaluate_many(plans, max(0, budget - builds())):
+            prefetched[result.plan_hash] = result
+        for plan in plans:  # past the budget: never built or stored, and the callback ends training at this step
+            prefetched.setdefault(plan.hash, TrialResult.failure(plan, "not built: the build budget is spent"))
+
+    def score(plan: Plan) -> TrialResult:
+        return prefetched.pop(plan.hash) if plan.hash in prefetched else evaluate(plan)
+
+    return _side_by_side([make_env(score) for _ in range(envs)], prefetch)
+
+
+def _model_plans(
+    surrogate: Surrogate, space: SearchSpace, budget: float, count: int, seed: int, known: Collection[str]
+) -> list[Plan]:
+    """The model's best plan, and up to ``count - 1`` more of its best distinct plans not measured yet."""
+    exclude = set(known)
+    plans: list[Plan] = []
+    for index in range(count):
+        plan = model_best_plan(surrogate, space, budget, seed=seed + index, exclude=exclude)
+        if plans and plan.hash in exclude:  # the search met no other unmeasured plan
+            break
+        exclude.add(plan.hash)
+        plans.append(plan)
+    return plans
+
+
+def _build_all(
+    plans: list[Plan],
+    evaluate: Callable[[Plan], TrialResult],
+    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None,
+    builds: Callable[[], int],
+    budget: int,
+) -> None:
+    """Builds plans while the budget lasts: side by side through ``evaluate_many``, else one by one."""
+    if evaluate_many is not None:
+        list(evaluate_many(plans, max(0, budget - builds())))
+        return
+    for plan in plans:
+        if builds() >= budget:
+            break
+        evaluate(plan)
+
+
 def train(
     config: TuneConfig,
     space: SearchSpace,
@@ -85,6 +163,8 @@ def train(
     estimates: Callable[[], Any] | None = None,
     surrogate: Callable[[], Surrogate | None] | None = None,
     measured: Callable[[], Collection[str]] | None = None,
+    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None = None,
+    workers: int = 1,
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
@@ -104,6 +184,10 @@ def train(
         estimates: Per-layer estimates fitted from the trials so far, for the observations.
         surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
         measured: Hashes of the plans measured so far: the model's plan is the best one not among them.
+        evaluate_many: Plans and a build limit to results, built side by side by ``workers`` workers. Then the
+            probes are built side by side, each planning step builds the ``workers`` best unmeasured plans of the
+            model, and the rollouts run ``workers`` envs whose final steps are built together.
+        workers: Builds that run at once (with ``evaluate_many``).
 
     Returns:
         The trained model.
@@ -119,7 +203,8 @@ def train(
             space, score, config.reward, config.search_budget, estimates=estimates, shaping=config.ppo.reward_shaping
         )
 
-    real = DummyVecEnv([make_env(evaluate)])
+    envs = workers if evaluate_many is not None else 1
+    real = _real_envs(make_env, evaluate, evaluate_many, envs, builds, config.budget.builds)
     real.seed(config.seed)
     current: list[Surrogate | None] = [None]
 
@@ -128,10 +213,11 @@ def train(
         assert model_of_trials is not None  # imagined episodes run only once a model is fitted
         return model_of_trials.result(plan)
 
-    imagined = DummyVecEnv([make_env(imagine)])
+    imagined = DummyVecEnv([make_env(imagine) for _ in range(envs)])
     imagined.seed(config.seed + 1)
     episode_length = len(real.envs[0].unwrapped.steps)
-    n_steps = config.ppo.episodes_per_update * episode_length
+    n_steps = -(-config.ppo.episodes_per_update // envs) * episode_length  # per env
+    rollout = n_steps * envs
     latest = checkpoints / LATEST
     if resume and latest.exists():
         model = MaskablePPO.load(latest, env=real, device="cpu")
@@ -140,7 +226,7 @@ def train(
             "MlpPolicy",
             real,
             n_steps=n_steps,
-            batch_size=max(2, n_steps // config.ppo.minibatches),
+            batch_size=max(2, rollout // config.ppo.minibatches),
             n_epochs=config.ppo.n_epochs,
             learning_rate=config.ppo.learning_rate,
             gamma=config.ppo.gamma,
@@ -155,15 +241,13 @@ def train(
     model.set_logger(configure(str(tensorboard_dir), ["csv", "tensorboard"]))
     # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
     max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
-    rehearsal = -(-config.ppo.imagined_episodes // config.ppo.episodes_per_update) * n_steps
+    rehearsal = -(-config.ppo.imagined_episodes * episode_length // rollout) * rollout
     fresh = not resume
     try:
         if config.ppo.probe_plans:
             # On a resumed run the store answers the probes already built, at no cost.
-            for plan in probe_plans(space, config.budget.builds // 3):
-                if builds() >= config.budget.builds:
-                    break
-                evaluate(plan)
+            probes = probe_plans(space, config.budget.builds // 3)
+            _build_all(probes, evaluate, evaluate_many, builds, config.budget.builds)
         callback = _make_callback(config, builds, checkpoints, builds())
         for _ in range(max_updates):
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
@@ -176,14 +260,13 @@ def train(
                 # Dyna's planning step: the plan the model of the trials rates best, built for real; a
                 # wrong model is corrected by its own result, and the store answers a repeat for free.
                 known = measured() if measured is not None else ()
-                evaluate(
-                    model_best_plan(current[0], space, config.search_budget, seed=config.seed + builds(), exclude=known)
-                )
+                plans = _model_plans(current[0], space, config.search_budget, envs, config.seed + builds(), known)
+                _build_all(plans, evaluate, evaluate_many, builds, config.budget.builds)
                 if builds() >= config.budget.builds:  # a rollout would build at least one plan more
                     save_checkpoint(model, checkpoints, builds())
                     break
             model.set_env(real)
-            model.learn(n_steps, callback=callback, reset_num_timesteps=fresh, log_interval=1)
+            model.learn(rollout, callback=callback, reset_num_timesteps=fresh, log_interval=1)
             fresh = False
             if builds() >= config.budget.builds or callback.stalled >= config.budget.stall_episodes:
                 break

@@ -332,6 +332,32 @@ class ConfirmConfig(_Strict):
     with this protocol; default every one the backend offers, ``[]`` for none."""
 
 
+class ExecutionConfig(_Strict):
+    """Where trials run: one trial process on this machine (default), N of them side by side, or a Ray cluster.
+
+    The run itself (store, search, agent, confirmation) stays in the driver; workers only build and measure. A
+    CPU worker on this machine is pinned to its own ``backend.intra_op_threads`` cores; a GPU worker gets its own
+    device. Confirmation and export run on one worker, with the others idle, as in a run of one worker.
+    """
+
+    workers: int = Field(1, ge=1)
+    """Trial workers that build and measure at once; 1 runs every trial in one child process, as always."""
+    backend: Literal["local", "ray"] = "local"
+    """``local``: child processes of the run; ``ray``: Ray Core actors on a Ray cluster (the ``ray`` extra)."""
+    ray_address: str | None = None
+    """The cluster ``ray.init(address=...)`` joins (``auto``, ``ray://head:10001``); None starts a local one."""
+    gpus_per_worker: int = Field(0, ge=0, le=1)
+    """1: each worker gets one GPU (``CUDA_VISIBLE_DEVICES`` locally, ``num_gpus=1`` on Ray); 0: CPU workers."""
+    pin_cores: bool | None = None
+    """Pin each local CPU worker to its own ``backend.intra_op_threads`` cores; None pins when ``workers > 1``."""
+
+    @model_validator(mode="after")
+    def _ray_address_needs_ray(self) -> ExecutionConfig:
+        if self.ray_address is not None and self.backend != "ray":
+            raise ValueError("ray_address is only used with backend: ray")
+        return self
+
+
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -356,6 +382,7 @@ class TuneConfig(_Strict):
     budget: BudgetConfig = BudgetConfig()
     ppo: PPOConfig = PPOConfig()
     confirm: ConfirmConfig = ConfirmConfig()
+    execution: ExecutionConfig = ExecutionConfig()
     runs_dir: Path = Path("runs")
     cache_dir: Path = Path(".cache/autotune")
     """Exported models and calibration statistics, shared by runs."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,19 @@ def _uniform_seeds(space: SearchSpace) -> list[str]:
     return [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in choices for choices in space.choices)]
 
 
+def _build_uniform_seeds(space: SearchSpace, evaluator: Evaluator, evaluate: Any, evaluate_many: Any) -> None:
+    """Builds the uniform plans of ``_uniform_seeds`` within the budget: side by side with several workers."""
+    budget = evaluator.config.budget.builds
+    seeds = [space.uniform(precision) for precision in _uniform_seeds(space)]
+    if evaluator.workers > 1:
+        list(evaluate_many(seeds, max(0, budget - evaluator.builds)))
+        return
+    for plan in seeds:
+        if evaluator.builds >= budget:
+            break
+        evaluate(plan)
+
+
 def run_search(
     config: TuneConfig,
     space: SearchSpace,
@@ -161,8 +175,13 @@ def run_search(
     run: RunDir,
     strategy: str,
     resume: bool,
+    evaluate_many: Any = None,
 ) -> None:
-    """Runs one search strategy until the build budget is spent."""
+    """Runs one search strategy until the build budget is spent.
+
+    ``evaluate_many`` (plans and a build limit to results in completion order) lets the searches keep
+    ``evaluator.workers`` builds running at once.
+    """
     if strategy == "ppo":
         from autotune.agent import train
 
@@ -183,10 +202,19 @@ def run_search(
             fitted.estimates,
             fitted.surrogate,
             fitted.measured,
+            evaluate_many=evaluate_many if evaluator.workers > 1 else None,
+            workers=evaluator.workers,
         )
         return
     context = SearchContext(
-        config, space, evaluate, lambda: evaluator.builds, seed=config.seed, stall=config.budget.stall_episodes
+        config,
+        space,
+        evaluate,
+        lambda: evaluator.builds,
+        seed=config.seed,
+        stall=config.budget.stall_episodes,
+        evaluate_many=evaluate_many,
+        workers=evaluator.workers,
     )
     if strategy in PRECISIONS:
         search_fixed(context, strategy)
@@ -256,17 +284,23 @@ def tune(
                     store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
                     return result
 
+                def evaluate_many(plans: list[Plan], limit: int | None = None) -> Iterator[TrialResult]:
+                    for result in evaluator.evaluate_many(plans, limit):
+                        monitor.record(result)
+                        hits = int(store.get_meta("cache_hits", 0)) + int(result.from_store)
+                        store.set_meta("cache_hits", hits)
+                        yield result
+
                 try:
                     if strategy not in PRECISIONS:
                         # The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16)
                         # are the first trials of every search: the references a user compares against, and data
                         # points for the per-layer estimates.
-                        for precision in _uniform_seeds(space):
-                            if evaluator.builds >= config.budget.builds:
-                                break
-                            evaluate(space.uniform(precision))
+                        _build_uniform_seeds(space, evaluator, evaluate, evaluate_many)
                     if evaluator.builds < config.budget.builds:
-                        run_search(config, space, evaluate, evaluator, run, strategy, resume_dir is not None)
+                        run_search(
+                            config, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
+                        )
                 except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
                     store.set_meta("wall_s", wall_before + time.time() - started)
                     raise

@@ -94,6 +94,16 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
     def _observe(self) -> np.ndarray:
         return observe(self.space, self.steps, self._chosen, self._episode_estimates, self.accuracy_budget)
 
+    def plan_after(self, action: int) -> Plan | None:
+        """The plan this action completes, when it is the episode's last decision; None before that.
+
+        Lets a vectorised env build the plans of all its envs' final steps side by side before stepping them.
+        """
+        if len(self._chosen) != len(self.steps) - 1:
+            return None
+        last = int(action) % len(self.steps[-1].options)
+        return plan_from_actions(self.space, self.steps, [*self._chosen, last])
+
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Takes one decision; the last one builds and measures the plan."""
         if len(self._chosen) >= len(self.steps):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune.backends import BuildError
 from autotune.config import TuneConfig
+from autotune.harness.executor import Pool, make_pool
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import TrialRunner
 from autotune.measure import Protocol
@@ -23,6 +25,9 @@ class Evaluator:
         store: The run's trial store.
         isolate: Run trials in a child process with a timeout (default). In-process runs are for tests.
         on_result: Called with every new result (not with store hits).
+
+    With ``execution.workers`` above 1 (or ``execution.backend: ray``) trials run on a pool of workers
+    (:mod:`autotune.harness.executor`): ``evaluate_many`` keeps them all busy; everything else runs on one worker.
 
     Use an evaluator from the thread that created it: on Linux its trial process ends when that thread ends.
     """
@@ -42,7 +47,16 @@ class Evaluator:
         self.cache_hits = 0
         self._inline: TrialRunner | None = None
         self._child: ChildRunner | None = None
-        if isolate:
+        self._pool: Pool | None = None
+        parallel = config.execution.workers > 1 or config.execution.backend != "local"
+        if isolate and parallel:
+            self._pool = make_pool(config)
+            try:
+                self._pool.start()
+            except BaseException:
+                self._pool.close()
+                raise
+        elif isolate:
             self._child = ChildRunner(config, setup_timeout_s=max(600.0, 2 * config.backend.timeout_s))
             self._child.start()
         else:
@@ -52,6 +66,8 @@ class Evaluator:
         """Stops the child process."""
         if self._child is not None:
             self._child.stop()
+        if self._pool is not None:
+            self._pool.close()
 
     def __enter__(self) -> Evaluator:
         return self
@@ -59,14 +75,22 @@ class Evaluator:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _request(self, kind: str, payload: Any) -> tuple[str, Any]:
+        if self._pool is not None:
+            return self._pool.call(kind, payload)
+        return self._child.request(kind, payload, self.config.backend.timeout_s)
+
     def _run(self, plan: Plan, split: str, protocol: Protocol | None) -> TrialResult:
         if self._inline is not None:
             return self._inline.run(plan, split, protocol)
-        payload = (plan.to_dict(), split, protocol.to_dict() if protocol else None)
-        status, data = self._child.request("trial", payload, self.config.backend.timeout_s)
-        if status == "result":
-            return TrialResult.from_dict(data)
-        return TrialResult.failure(plan, data, status=TIMEOUT if status == "timeout" else FAILED, split=split)
+        status, data = self._request("trial", (plan.to_dict(), split, protocol.to_dict() if protocol else None))
+        return _result(plan, split, status, data)
+
+    def _commit(self, result: TrialResult) -> None:
+        self.store.put(result)
+        self.builds = len(self.store)
+        if self.on_result is not None:
+            self.on_result(result)
 
     def evaluate(self, plan: Plan) -> TrialResult:
         """The plan's result on the evaluation data: from the store, or built, measured and committed."""
@@ -75,11 +99,41 @@ class Evaluator:
             self.cache_hits += 1
             return stored
         result = self._run(plan, "evaluation", None)
-        self.store.put(result)
-        self.builds = len(self.store)
-        if self.on_result is not None:
-            self.on_result(result)
+        self._commit(result)
         return result
+
+    @property
+    def workers(self) -> int:
+        """Trials that can run at once."""
+        return self._pool.size if self._pool is not None else 1
+
+    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
+        """Results of several plans: store hits first, then the builds, on every worker, in the order they end.
+
+        Each new result is committed to the store as it lands. Consume the iterator to its end: a build whose
+        result is not read is abandoned.
+
+        Args:
+            plans: The plans; a plan given twice is evaluated once and yielded once.
+            limit: At most this many new builds; the plans past it are left out (not yielded).
+        """
+        fresh: list[Plan] = []
+        for plan in dict((plan.hash, plan) for plan in plans).values():
+            stored = self.store.get(plan.hash)
+            if stored is not None:
+                self.cache_hits += 1
+                yield stored
+            elif limit is None or len(fresh) < limit:
+                fresh.append(plan)
+        if self._pool is None:
+            for plan in fresh:
+                yield self.evaluate(plan)
+            return
+        requests = [("trial", (plan.to_dict(), "evaluation", None)) for plan in fresh]
+        for index, (status, data) in self._pool.map(requests):
+            result = _result(fresh[index], "evaluation", status, data)
+            self._commit(result)
+            yield result
 
     def measure(self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None) -> TrialResult:
         """Builds and measures a plan afresh, bypassing the store."""
@@ -104,7 +158,7 @@ class Evaluator:
         """The backend's one-liners (``Backend.references``), as the trial process's backend offers them."""
         if self._inline is not None:
             return self._inline.backend.references()
-        status, data = self._child.request("references", None, self.config.backend.timeout_s)
+        status, data = self._request("references", None)
         if status != "result":
             raise BuildError(f"cannot list the backend's references: {data}")
         return tuple(data)
@@ -114,7 +168,16 @@ class Evaluator:
         out_dir.mkdir(parents=True, exist_ok=True)
         if self._inline is not None:
             return self._inline.export(plan, out_dir)
-        status, data = self._child.request("export", (plan.to_dict(), str(out_dir)), self.config.backend.timeout_s)
+        # a worker of a pool may run in another folder: it gets the absolute path
+        target = str(out_dir.resolve()) if self._pool is not None else str(out_dir)
+        status, data = self._request("export", (plan.to_dict(), target))
         if status != "result":
             raise BuildError(f"export failed: {data}")
         return data
+
+
+def _result(plan: Plan, split: str, status: str, data: Any) -> TrialResult:
+    """A worker's answer as a trial result: a crash, a timeout or an error is a failed trial with its message."""
+    if status == "result":
+        return TrialResult.from_dict(data)
+    return TrialResult.failure(plan, data, status=TIMEOUT if status == "timeout" else FAILED, split=split)

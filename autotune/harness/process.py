@@ -40,7 +40,54 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_main(connection: Any, config_data: dict, log_level: int = logging.WARNING) -> None:
+def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
+    """Answers one request of the run with a ``TrialRunner``: ``("result", data)`` or ``("error", traceback)``.
+
+    The protocol every worker speaks, in a child process (``ChildRunner``) or a Ray actor (``harness.executor``).
+    """
+    try:
+        if kind == "trial":
+            plan, split, protocol = payload
+            result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
+            return "result", result.to_dict()
+        if kind == "references":
+            return "result", list(runner.backend.references())
+        if kind == "export":
+            plan, out_dir = payload
+            return "result", runner.export(Plan.from_dict(plan), Path(out_dir))
+        return "error", f"unknown request {kind!r}"
+    except Exception:  # noqa: BLE001
+        return "error", traceback.format_exc()
+
+
+def prepare_runner(config_data: dict) -> tuple[TrialRunner | None, tuple[str, Any]]:
+    """Prepares a ``TrialRunner``; returns it and ``("ready", None)``, or None and ``("setup_error", message)``."""
+    try:
+        return TrialRunner(TuneConfig.model_validate(config_data)), ("ready", None)
+    except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
+        # A user can act on these from their message alone; anything else is a bug, and its traceback says where.
+        known = isinstance(error, SetupError | MissingExtra)
+        return None, ("setup_error", f"{error}" if known else traceback.format_exc())
+
+
+def place_worker(cores: list[int] | None, environment: dict[str, str] | None) -> None:
+    """Pins this process to its cores and sets its environment (``CUDA_VISIBLE_DEVICES``) before any backend loads.
+
+    Why by hand: neither ONNX Runtime nor multiprocessing places a process; the kernel's affinity mask is the
+    one knob, and ``intra_op_threads`` threads then share exactly these cores with no other worker.
+    """
+    os.environ.update(environment or {})
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+
+
+def _worker_main(
+    connection: Any,
+    config_data: dict,
+    log_level: int = logging.WARNING,
+    cores: list[int] | None = None,
+    environment: dict[str, str] | None = None,
+) -> None:
     """Serves trials until the parent closes the pipe.
 
     Ctrl-C in a terminal reaches the whole process group: the trial process ignores SIGINT and leaves the
@@ -49,46 +96,43 @@ def _worker_main(connection: Any, config_data: dict, log_level: int = logging.WA
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=LOG_FORMAT)  # a spawned process starts without the run's logging
     _die_with_parent()
-    try:
-        runner = TrialRunner(TuneConfig.model_validate(config_data))
-        reply: tuple[str, Any] = ("ready", None)
-    except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
-        # A user can act on these from their message alone; anything else is a bug, and its traceback says where.
-        known = isinstance(error, SetupError | MissingExtra)
-        reply = ("setup_error", f"{error}" if known else traceback.format_exc())
+    place_worker(cores, environment)
+    runner, reply = prepare_runner(config_data)
     while True:
         try:
             connection.send(reply)
         except OSError:  # the run closed the pipe (it was stopped or interrupted): nobody waits for the answer
             return
-        if reply[0] == "setup_error":
+        if runner is None:
             return
         try:
             kind, payload = connection.recv()
         except (EOFError, OSError):  # closed, or reset by the run with our answer unread
             return
-        try:
-            if kind == "trial":
-                plan, split, protocol = payload
-                result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
-                reply = ("result", result.to_dict())
-            elif kind == "references":
-                reply = ("result", list(runner.backend.references()))
-            elif kind == "export":
-                plan, out_dir = payload
-                reply = ("result", runner.export(Plan.from_dict(plan), Path(out_dir)))
-            else:
-                reply = ("error", f"unknown request {kind!r}")
-        except Exception:  # noqa: BLE001
-            reply = ("error", traceback.format_exc())
+        reply = handle(runner, kind, payload)
 
 
 class ChildRunner:
-    """A ``TrialRunner`` in a child process, restarted after a crash or a timeout."""
+    """A ``TrialRunner`` in a child process, restarted after a crash or a timeout.
 
-    def __init__(self, config: TuneConfig, setup_timeout_s: float):
+    Args:
+        config: The run's config.
+        setup_timeout_s: How long preparing the run may take.
+        cores: CPUs the process is pinned to (None: not pinned).
+        environment: Environment variables of the process, e.g. ``CUDA_VISIBLE_DEVICES``.
+    """
+
+    def __init__(
+        self,
+        config: TuneConfig,
+        setup_timeout_s: float,
+        cores: list[int] | None = None,
+        environment: dict[str, str] | None = None,
+    ):
         self.config = config
         self.setup_timeout_s = setup_timeout_s
+        self.cores = cores
+        self.environment = environment
         self._context = multiprocessing.get_context("spawn")
         self._process: Any = None
         self._connection: Any = None
@@ -99,15 +143,34 @@ class ChildRunner:
         Raises:
             SetupError: Preparing failed, died or took longer than the setup timeout.
         """
+        self.launch()
+        self.await_ready()
+
+    def launch(self) -> None:
+        """Starts the child process without waiting for it to prepare (``await_ready`` waits)."""
         parent, child = self._context.Pipe()
         self._process = self._context.Process(
             target=_worker_main,
-            args=(child, self.config.model_dump(mode="json"), logging.getLogger().getEffectiveLevel()),
+            args=(
+                child,
+                self.config.model_dump(mode="json"),
+                logging.getLogger().getEffectiveLevel(),
+                self.cores,
+                self.environment,
+            ),
             daemon=True,
         )
         self._process.start()
         child.close()
         self._connection = parent
+
+    def await_ready(self) -> None:
+        """Waits until the launched process has prepared the run.
+
+        Raises:
+            SetupError: Preparing failed, died or took longer than the setup timeout.
+        """
+        parent = self._connection
         if not parent.poll(self.setup_timeout_s):
             self.stop()
             raise SetupError(f"preparing the run took longer than {self.setup_timeout_s:.0f} s")
@@ -134,12 +197,34 @@ class ChildRunner:
         self._process = None
         self._connection = None
 
-    def request(self, kind: str, payload: Any, timeout_s: float) -> tuple[str, Any]:
-        """Sends one request; returns ``(status, payload)`` with status result, error, crash or timeout."""
+    @property
+    def connection(self) -> Any:
+        """The pipe to the process (for ``multiprocessing.connection.wait``), None while it is stopped."""
+        return self._connection
+
+    @property
+    def pid(self) -> int | None:
+        """The process id, None while it is stopped."""
+        return self._process.pid if self._process is not None else None
+
+    def send(self, kind: str, payload: Any) -> None:
+        """Sends one request without waiting, starting the process first if it is not running.
+
+        Raises:
+            SetupError: A restarted process could not prepare the run.
+        """
         if self._process is None or not self._process.is_alive():
             self.start()
         self._connection.send((kind, payload))
-        if not self._connection.poll(timeout_s):
+
+    def receive(self, wait_s: float, timeout_s: float) -> tuple[str, Any]:
+        """The answer to the request sent last; after ``wait_s`` without one, the process is killed (a timeout).
+
+        Args:
+            wait_s: How long to wait now.
+            timeout_s: The request's whole time limit, for the message.
+        """
+        if not self._connection.poll(wait_s):
             self._process.kill()
             self.stop()
             return "timeout", f"no result after {timeout_s:.0f} s; the trial process was killed"
@@ -150,3 +235,8 @@ class ChildRunner:
             code = self._process.exitcode
             self.stop()
             return "crash", f"the trial process died (exit code {code})"
+
+    def request(self, kind: str, payload: Any, timeout_s: float) -> tuple[str, Any]:
+        """Sends one request; returns ``(status, payload)`` with status result, error, crash or timeout."""
+        self.send(kind, payload)
+        return self.receive(timeout_s, timeout_s)

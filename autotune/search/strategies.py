@@ -8,7 +8,7 @@ row that built nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +33,9 @@ class SearchContext:
         builds: Builds spent so far.
         seed: Seed of the strategy's own randomness.
         stall: Episodes in a row without a new build after which a strategy gives up.
+        evaluate_many: Plans and a build limit to results in completion order, built side by side (None: one
+            at a time through ``evaluate``).
+        workers: Builds that run at once; strategies propose this many plans per round.
     """
 
     config: TuneConfig
@@ -41,6 +44,8 @@ class SearchContext:
     builds: Callable[[], int]
     seed: int = 0
     stall: int = 400
+    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None = None
+    workers: int = 1
     _stalled: int = field(default=0, init=False)
 
     @property
@@ -59,6 +64,24 @@ class SearchContext:
         self._stalled = self._stalled + 1 if self.builds() == before else 0
         return result
 
+    def try_batch(self, plans: list[Plan]) -> list[TrialResult]:
+        """Evaluates plans side by side, at most as many new builds as the budget has left, and keeps the stall count.
+
+        With one worker, the plans are tried one by one while the budget lasts. Returns the results in the order
+        they completed (store hits first); a plan past the budget has none.
+        """
+        if self.evaluate_many is None or self.workers <= 1:
+            results = []
+            for plan in plans:
+                if self.exhausted():
+                    break
+                results.append(self.try_plan(plan))
+            return results
+        results = list(self.evaluate_many(plans, max(0, self.budget - self.builds())))
+        for result in results:
+            self._stalled = self._stalled + 1 if result.from_store else 0
+        return results
+
     def reward(self, result: TrialResult) -> float:
         """The configured reward of a result."""
         return reward(result, self.config.reward, self.config.search_budget)
@@ -74,24 +97,52 @@ def search_random(context: SearchContext) -> None:
     rng = np.random.default_rng(context.seed)
     steps = decisions(context.space)
     while not context.exhausted():
-        actions = [int(rng.integers(len(step.options))) for step in steps]
-        context.try_plan(plan_from_actions(context.space, steps, actions))
+        batch = []
+        for _ in range(context.workers):
+            actions = [int(rng.integers(len(step.options))) for step in steps]
+            batch.append(plan_from_actions(context.space, steps, actions))
+        context.try_batch(batch)
 
 
 def _sensitivities(context: SearchContext, base: Plan, drop_all: float) -> list[tuple[float, list[str]]]:
     """Accuracy regained by reverting each decision group alone to FP32, most sensitive first."""
     space = context.space
+    names = [[space.layers[i].name for i in group] for group in space.groups]
+    reverted = [Plan.make({**base.precision_map, **{n: "fp32" for n in group}}, base.knob_map) for group in names]
+    results = {result.plan_hash: result for result in context.try_batch(reverted)}
     scores = []
-    for group in space.groups:
-        names = [space.layers[i].name for i in group]
-        if context.exhausted():
-            break
-        reverted = Plan.make({**base.precision_map, **{n: "fp32" for n in names}}, base.knob_map)
-        result = context.try_plan(reverted)
+    for plan, group in zip(reverted, names, strict=True):
+        result = results.get(plan.hash)
+        if result is None:  # past the budget
+            continue
         gain = drop_all - result.accuracy_drop if result.ok and result.accuracy_drop is not None else -math.inf
-        scores.append((gain, names))
+        scores.append((gain, group))
     scores.sort(key=lambda item: item[0], reverse=True)
     return scores
+
+
+def _first_within_budget(context: SearchContext, base: Plan, order: list[list[str]]) -> tuple[Plan, TrialResult] | None:
+    """Reverts the groups in ``order`` one by one; the first plan that meets the budget, or None.
+
+    Each plan adds one group to the previous one, so the next ``workers`` plans are known in advance and are
+    built side by side; the first of them within the budget wins (the later ones are data for the store).
+    """
+    plans = []
+    plan = base
+    for names in order:
+        plan = Plan.make({**plan.precision_map, **{n: "fp32" for n in names}}, plan.knob_map)
+        plans.append(plan)
+    budget = context.config.search_budget
+    for start in range(0, len(plans), context.workers):
+        if context.exhausted():
+            return None
+        chunk = plans[start : start + context.workers]
+        results = {result.plan_hash: result for result in context.try_batch(chunk)}
+        for candidate in chunk:
+            result = results.get(candidate.hash)
+            if result is not None and meets_budget(result, budget):
+                return candidate, result
+    return None
 
 
 def search_greedy(context: SearchContext) -> None:
@@ -99,30 +150,31 @@ def search_greedy(context: SearchContext) -> None:
 
     Start from all-INT8 (the narrowest precision each layer allows); measure each layer group's sensitivity as
     the accuracy regained when only it is reverted to FP32; revert the most sensitive groups one by one until the
-    accuracy budget is met; then tune the knobs one at a time, keeping the value with the best reward.
+    accuracy budget is met; then tune the knobs one at a time, keeping the value with the best reward. With
+    several workers, each round's candidates (the sensitivities, the next reverts, a knob's values) are built
+    side by side.
     """
     space = context.space
     base = space.plan({layer.name: options[-1] for layer, options in zip(space.layers, space.choices, strict=True)})
     best_result = context.try_plan(base)
     best_plan = base
-    budget = context.config.search_budget
-    if not meets_budget(best_result, budget) and best_result.ok:
-        plan = base
-        for _, names in _sensitivities(context, base, best_result.accuracy_drop or 0.0):
-            if context.exhausted():
-                return
-            plan = Plan.make({**plan.precision_map, **{n: "fp32" for n in names}}, plan.knob_map)
-            result = context.try_plan(plan)
-            if meets_budget(result, budget):
-                best_plan, best_result = plan, result
-                break
+    if not meets_budget(best_result, context.config.search_budget) and best_result.ok:
+        order = [names for _, names in _sensitivities(context, base, best_result.accuracy_drop or 0.0)]
+        if context.exhausted():
+            return
+        found = _first_within_budget(context, base, order)
+        if context.exhausted():
+            return
+        if found is not None:
+            best_plan, best_result = found
     for knob in space.knobs:
-        for value in knob.values:
-            if context.exhausted():
-                return
-            candidate = best_plan.with_knobs(**{knob.name: value})
-            result = context.try_plan(candidate)
-            if context.reward(result) > context.reward(best_result):
+        if context.exhausted():
+            return
+        candidates = [best_plan.with_knobs(**{knob.name: value}) for value in knob.values]
+        results = {result.plan_hash: result for result in context.try_batch(candidates)}
+        for candidate in candidates:  # in the knob's order, whatever order the builds ended in
+            result = results.get(candidate.hash)
+            if result is not None and context.reward(result) > context.reward(best_result):
                 best_plan, best_result = candidate, result
 
 
@@ -135,20 +187,32 @@ def search_optuna(context: SearchContext) -> None:
     sampler = optuna.samplers.TPESampler(seed=context.seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     while not context.exhausted():
-        trial = study.ask()
-        actions = []
-        for index, step in enumerate(steps):
-            labels = [str(option) for option in step.options]
-            chosen = trial.suggest_categorical(f"{index:03d}_{step.kind}_{step.index}", labels)
-            actions.append(labels.index(chosen))
-        result = context.try_plan(plan_from_actions(space, steps, actions))
-        if not result.ok:
-            trial.set_constraint("accuracy_drop", 1.0)
-            study.tell(trial, context.config.reward.failure)
-            continue
-        # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
-        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.search_budget))
-        study.tell(trial, math.log(result.speedup))
+        asked: dict[str, list] = {}  # plan hash -> the trials that proposed it (TPE may ask one plan twice)
+        plans = []
+        for _ in range(context.workers):
+            trial = study.ask()
+            actions = []
+            for index, step in enumerate(steps):
+                labels = [str(option) for option in step.options]
+                chosen = trial.suggest_categorical(f"{index:03d}_{step.kind}_{step.index}", labels)
+                actions.append(labels.index(chosen))
+            plan = plan_from_actions(space, steps, actions)
+            asked.setdefault(plan.hash, []).append(trial)
+            plans.append(plan)
+        for result in context.try_batch(plans):
+            for trial in asked.pop(result.plan_hash, []):
+                _tell(study, trial, result, context)
+
+
+def _tell(study: object, trial: object, result: TrialResult, context: SearchContext) -> None:
+    """Tells TPE a result; the accuracy budget is a constraint, feasible when <= 0."""
+    if not result.ok:
+        trial.set_constraint("accuracy_drop", 1.0)
+        study.tell(trial, context.config.reward.failure)
+        return
+    # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
+    trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.search_budget))
+    study.tell(trial, math.log(result.speedup))
 
 
 SEARCHES: dict[str, Callable[[SearchContext], None]] = {

@@ -12,7 +12,10 @@ outputs are the reference itself) is not counted; the plan's ``"setup"`` action 
 Actions: ``ok``; ``kill`` (SIGKILL itself, as the OOM killer would); ``exit`` (``os._exit(3)``); ``segv`` (a null
 pointer read in C); ``raise`` (a Python exception); ``slow`` (sleep a second); ``hang`` (sleep for an hour, after
 writing ``<folder>/hanging`` with the process id); ``leak`` (keep an open file and 3 MB, for the soak test's
-self-check).
+self-check); ``kill-once`` (SIGKILL itself if no process did so before: the first trial process to get there
+creates ``<folder>/killed``, atomically, so exactly one trial dies even with workers side by side).
+
+The count is written atomically, so workers side by side never read half a number (a count may then be lost).
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def calls(folder: Path) -> int:
 def _act(action: str, folder: Path) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "kill-once":
+        try:
+            os.close(os.open(folder / "killed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
     elif action == "exit":
         os._exit(3)
     elif action == "segv":
@@ -73,7 +82,9 @@ def fault_metric(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray],
             _act(plan.get("setup", "ok"), path)
         else:
             count = int((path / "count").read_text()) + 1
-            (path / "count").write_text(str(count))
+            temporary = path / f"count.{os.getpid()}"
+            temporary.write_text(str(count))
+            os.replace(temporary, path / "count")
             _act(plan.get(str(count), plan.get("*", "ok")), path)
     predictions = np.concatenate([np.asarray(o).reshape(len(o), -1).argmax(axis=1) for o in outputs])
     expected = np.concatenate([np.asarray(r).reshape(len(r), -1).argmax(axis=1) for r in reference])

@@ -73,6 +73,39 @@ def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
     assert _wall_s(store_path) > wall_at_interrupt  # the resumed run adds its time to it
 
 
+def test_ctrl_c_with_workers_side_by_side_leaves_no_worker_and_resume_finishes(tmp_path):
+    """Two trial workers, each on its own core: Ctrl-C mid-search ends both, and the resumed run (also on two
+    workers) measures no committed trial again and spends the budget exactly."""
+    budget = 16
+    config = fast_config(
+        tmp_path,
+        budget={"builds": budget},
+        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 4},
+        execution={"workers": 2},
+        backend={"intra_op_threads": 1},
+    )
+    store_path = config.run_dir / "trials.sqlite"
+    process = start("tune", write_config(tmp_path, config), "--no-progress", cwd=tmp_path)
+    try:
+        wait_for(lambda: trial_count(store_path) >= 6, process, what="6 trials")
+        helpers = children(process.pid)
+        assert len(helpers) >= 2  # both workers
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        _stop(process)
+
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    for pid in helpers:
+        wait_for(lambda pid=pid: not alive(pid), timeout=10, what=f"worker {pid} to end")
+    before = snapshot(store_path)
+    assert 6 <= len(before) < budget
+    resumed = autotune("resume", config.run_dir, "--no-progress", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_resumed_cleanly(store_path, before, budget)
+
+
 def _wall_s(store_path):
     with closing(sqlite3.connect(store_path)) as db:
         (value,) = db.execute("SELECT value FROM meta WHERE key = 'wall_s'").fetchone()

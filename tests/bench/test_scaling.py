@@ -1,0 +1,56 @@
+"""bench/scaling.py on the tiny model: the scaling runs, the interference figure, the winners re-measured alone."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.config import dump_config
+from autotune.plan import Plan
+from autotune.testing import tiny_config
+from autotune.trial import TrialResult
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+import scaling  # noqa: E402
+
+
+def test_search_rate_counts_the_first_trial_from_the_start_of_the_search():
+    plan = Plan.make({"a": "int8"})
+    trials = [TrialResult(plan=plan, created_at=100.0 + 10 * i, total_s=10.0) for i in range(6)]
+    rate = scaling.search_rate(trials)
+    assert rate["search_s"] == pytest.approx(60.0)  # 50 s between the first and last commit, plus one trial
+    assert rate["builds_per_minute"] == pytest.approx(6.0)
+    assert scaling.search_rate([])["builds_per_minute"] == 0.0
+
+
+def test_ratios_compare_each_rate_with_n_times_one_worker():
+    results = {"scaling": {"1": {"builds_per_minute": 2.0}, "4": {"builds_per_minute": 6.0}}}
+    scaling.add_ratios(results)
+    assert results["scaling"]["4"]["ratio"] == pytest.approx(0.75) and results["scaling"]["1"]["ratio"] == 1.0
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two workers")
+def test_scaling_interference_and_reevaluation_on_the_tiny_model(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_config(tmp_path, confirm={"top_k": 1, "repeats": 2, "rounds": 1})))
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "bench" / "scaling.py"), str(config), "--workers", "1", "2"]
+    command += ["--cores-per-worker", "1", "--budget", "4", "--interference", "2", "--plans", "2"]
+    command += ["--reevaluate", "--out", str(out)]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "scaling.json").read_text())
+    for key in ("1", "2"):
+        row = results["scaling"][key]
+        assert row["builds"] == 4 and row["builds_per_minute"] > 0
+        assert row["winner_speedup_confirmed"] > 0 and row["winner_speedup_alone"] > 0
+    assert results["scaling"]["1"]["ratio"] == 1.0 and results["scaling"]["2"]["ratio"] > 0
+    rows = results["interference"]["2"]
+    assert len(rows) == 2 and all(r["speedup_alone"] > 0 and r["speedup_busy"] > 0 for r in rows)
+    table = (out / "scaling.md").read_text()
+    assert "| 2 | 4 |" in table and "--interference 2" in table
