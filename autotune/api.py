@@ -114,10 +114,20 @@ def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
     ]
 
 
-def float_ops(model: LoadedModel) -> list[dict[str, str]]:
-    """The ops that stay FP32 although they are tunable or read an INT8 layer's output, each with the reason."""
+def float_ops(model: LoadedModel, config: TuneConfig | None = None) -> list[dict[str, str]]:
+    """The ops that stay FP32 although they are tunable or read an INT8 layer's output, each with the reason.
+
+    With a TensorRT config, also the ops its typed graph keeps FP32 in an FP16 base (``base_precision: fp16``)
+    because their values leave FP16's range (``autotune.quant.basetype.range_float_ops``).
+    """
     op_types = {node.name: node.op_type for node in model.proto.graph.node}
-    return [{"name": name, "op_type": op_types.get(name, "?"), "reason": why} for name, why in model.float_ops.items()]
+    reasons = dict(model.float_ops)
+    if config is not None and config.backend.name == "tensorrt":
+        from autotune.quant.basetype import range_float_ops
+
+        for name, why in range_float_ops(model.proto.graph, "fp16").items():
+            reasons.setdefault(name, why)
+    return [{"name": name, "op_type": op_types.get(name, "?"), "reason": why} for name, why in reasons.items()]
 
 
 def references(config: TuneConfig) -> tuple[str, ...]:

@@ -48,7 +48,7 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{row['index']:>3} {row['unit']:<20} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
             f"{share:>7}  {'/'.join(row['choices']):<12} {row['name']}"
         )
-    left = api.float_ops(model)
+    left = api.float_ops(model, config)
     if left:
         print(f"left in FP32 ({len(left)}):")
         for op in left:
