@@ -16,8 +16,9 @@ import onnx
 
 from autotune.backends.base import BuildError, GraphArtifact, GraphBackend
 from autotune.capabilities import Capabilities, Knob
+from autotune.files import write_json
 from autotune.optypes import TUNABLE_OP_TYPES
-from autotune.plan import KnobValue
+from autotune.plan import KnobValue, Plan
 from autotune.quant.recipe import ORT_X86
 
 if TYPE_CHECKING:
@@ -27,6 +28,19 @@ _LEVELS = ("all", "extended", "basic")
 
 REFERENCES = ("ort-static", "ort-dynamic")
 """ONNX Runtime's one-liners: ``quantize_static`` (QDQ, calibrated) and ``quantize_dynamic`` (weights only)."""
+
+
+DISABLED_FOR_QDQ = ("MatMulAddFusion", "WeightBiasQuantization")
+"""ONNX Runtime's graph optimizers that undo a plan, turned off for Q/DQ graphs (and named in an export's
+``session.json``, since a session of the exported model needs them off too).
+
+- ``MatMulAddFusion`` (basic level, ORT 1.32) turns DQ -> MatMul -> Add into DQ -> float Gemm before the QDQ
+  fusions run, so INT8 MatMuls never become MatMulIntegerToFloat and run slower than FP32.
+- ``WeightBiasQuantization`` (basic level) quantizes the float weight of any Conv/Gemm whose input comes from a
+  DequantizeLinear to per-tensor INT8: an FP32 layer that reads an INT8 neighbour's output becomes an INT8 layer
+  with per-tensor weights. On EfficientNet-Lite0, all-INT8 but the first depthwise conv then lost 0.12 of cosine
+  instead of 0.013.
+"""
 
 
 class OnnxRuntimeCPU(GraphBackend):
@@ -89,14 +103,12 @@ class OnnxRuntimeCPU(GraphBackend):
         options = self._session_options(knobs)
         if optimized_path is not None:
             options.optimized_model_filepath = optimized_path
-        # ORT 1.32's MatMulAddFusion (basic level) turns DQ -> MatMul -> Add into DQ -> float Gemm before the
-        # QDQ fusions run, so INT8 MatMuls never become MatMulIntegerToFloat and run slower than FP32.
         quantized = any(node.op_type == "DequantizeLinear" for node in model.graph.node)
         return ort.InferenceSession(
             model.SerializeToString(),
             options,
             providers=["CPUExecutionProvider"],
-            disabled_optimizers=["MatMulAddFusion"] if quantized else [],
+            disabled_optimizers=list(DISABLED_FOR_QDQ) if quantized else [],
         )
 
     def build_graph(self, graph: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
@@ -116,6 +128,27 @@ class OnnxRuntimeCPU(GraphBackend):
             path = os.path.join(tmp, "optimized.onnx")
             self._session(model, knobs, path)
             return onnx.load(path)
+
+    def export(self, artifact: GraphArtifact, plan: Plan, out_dir: Path) -> list[Path]:
+        """Writes ``model.onnx`` and ``session.json``: the session options the plan was measured with.
+
+        Load the model with those options (``graph_optimization_level``, ``disabled_optimizers`` and the threads),
+        or ONNX Runtime's own optimizers may run a different graph from the one measured (``DISABLED_FOR_QDQ``).
+        """
+        files = super().export(artifact, plan, out_dir)
+        knobs = plan.knob_map if plan is not None else {}
+        quantized = any(node.op_type == "DequantizeLinear" for node in artifact.graph.graph.node)
+        session = {
+            "providers": ["CPUExecutionProvider"],
+            "graph_optimization_level": str(knobs.get("graph_optimization_level", "all")),
+            "intra_op_num_threads": self.intra_op_threads,
+            "session.intra_op.allow_spinning": "1" if knobs.get("allow_spinning", True) else "0",
+            "disabled_optimizers": list(DISABLED_FOR_QDQ) if quantized else [],
+            "usage": "onnxruntime.InferenceSession('model.onnx', options, providers=..., "
+            "disabled_optimizers=...) with options.graph_optimization_level and intra_op_num_threads as above",
+        }
+        files.append(write_json(out_dir / "session.json", session))
+        return files
 
     def references(self) -> tuple[str, ...]:
         """``ort-static`` and ``ort-dynamic``: ONNX Runtime's ``quantize_static`` and ``quantize_dynamic``."""

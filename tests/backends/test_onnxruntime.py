@@ -95,8 +95,21 @@ def test_ort_static_one_liner_is_uint8_activations_and_per_channel_int8_weights(
     out = backend.run(artifact, x)[0]
     assert out.shape == (16, 10)
     assert np.corrcoef(out.ravel(), fp32.ravel())[0, 1] > 0.98
-    (path,) = backend.export(artifact, Plan.reference_plan(tiny.layer_names, "ort-static"), tmp_path / "out")
+    path, session_file = backend.export(artifact, Plan.reference_plan(tiny.layer_names, "ort-static"), tmp_path / "out")
     assert any(node.op_type == "QuantizeLinear" for node in onnx.load(str(path)).graph.node)
+    # session.json: the options the plan was measured with, enough to run the model as measured
+    import json
+
+    import onnxruntime as ort
+
+    session = json.loads(session_file.read_text())
+    assert session["disabled_optimizers"] == ["MatMulAddFusion", "WeightBiasQuantization"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = session["intra_op_num_threads"]
+    exported = ort.InferenceSession(
+        str(path), options, providers=session["providers"], disabled_optimizers=session["disabled_optimizers"]
+    )
+    np.testing.assert_allclose(exported.run(None, x)[0], out, rtol=1e-5, atol=1e-5)
 
 
 def test_ort_dynamic_one_liner_quantizes_weights_and_activations_at_run_time(tiny, tmp_path):

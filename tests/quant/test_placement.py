@@ -358,3 +358,21 @@ def test_layerwise_calibration_chooses_for_weightless_layers_and_folded_relu6_wi
         loaded.proto, loaded.layers, ORT_X86, calibration, batches, methods=("max", "percentile"), progress=False
     )
     assert set(choices.methods) == set(loaded.layer_names) and "add" in choices.errors
+
+
+def test_an_fp32_conv_between_int8_convs_keeps_its_float_weights_in_the_backends_session():
+    """ONNX Runtime's WeightBiasQuantization would give a float conv fed by a DequantizeLinear per-tensor INT8
+    weights; a depthwise conv whose channels differ 1000x in scale then loses its small channels."""
+    net = _Net(3)
+    stem = net.relu6(net.conv("x", "stem"), "stem_relu6")
+    depthwise = net.conv(stem, "depthwise", group=C)
+    scaled = next(init for init in net.inits if init.name == "depthwise.w")
+    weights = numpy_helper.to_array(scaled) * np.logspace(-3, 0, C, dtype=np.float32)[:, None, None, None]
+    scaled.CopyFrom(numpy_helper.from_array(weights.astype(np.float32), "depthwise.w"))
+    model = net.model(net.conv(net.relu6(depthwise, "depthwise_relu6"), "project"))
+    typed = _lowered(model, precisions={"stem": "int8", "depthwise": "fp32", "project": "int8"})
+    feeds = _feeds(0)
+    as_written = _run(typed, feeds, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    backend = OnnxRuntimeCPU(1)
+    (optimized,) = backend.run_engine(backend.build_graph(typed, {"graph_optimization_level": "all"}), feeds)
+    np.testing.assert_allclose(optimized, as_written, rtol=0, atol=1e-3 * float(np.abs(as_written).max()))
