@@ -8,9 +8,10 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.files import atomic_write
-from autotune.plan import Plan
+from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import Surrogate
+from autotune.search.prior import LayerPrior, unsure_groups
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
@@ -74,6 +75,39 @@ def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: P
     return BudgetCallback()
 
 
+def _probes(
+    config: TuneConfig,
+    space: SearchSpace,
+    prior: LayerPrior | None,
+    measured: Callable[[], Collection[str]] | None,
+) -> list[Plan]:
+    """The probe plans: the whole design without a prior; with one, only over the groups it leaves open.
+
+    With a prior, a store that already holds as many plans as the design has rows (an earlier run's imported
+    trials) needs no probe: the model of those trials is what the probes would give.
+    """
+    if prior is None:
+        return probe_plans(space, config.budget.builds // 3)
+    drop = prior.drop(*_default_setting(space))
+    open_groups = unsure_groups(space.groups, drop, config.search_budget)
+    cheap = (
+        []
+        if drop is None
+        else [g for g, group in enumerate(space.groups) if drop[list(group)].sum() <= config.search_budget]
+    )
+    plans = probe_plans(space, config.budget.builds // 6, varied=open_groups, lowered_always=cheap)
+    known = measured() if measured is not None else ()
+    if len(known) > len(plans) + 1:  # the all-INT8 plan and more: an earlier run's trials stand in for probes
+        return [plan for plan in plans if plan.hash in known]
+    return plans
+
+
+def _default_setting(space: SearchSpace) -> tuple[object, object]:
+    """The default calibration method and weight granularity of the space (None where it has no such knob)."""
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    return defaults.get(CALIBRATION_KNOB), defaults.get(GRANULARITY_KNOB)
+
+
 def train(
     config: TuneConfig,
     space: SearchSpace,
@@ -85,6 +119,7 @@ def train(
     estimates: Callable[[], Any] | None = None,
     surrogate: Callable[[], Surrogate | None] | None = None,
     measured: Callable[[], Collection[str]] | None = None,
+    prior: Callable[[], LayerPrior | None] | None = None,
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
@@ -104,6 +139,8 @@ def train(
         estimates: Per-layer estimates fitted from the trials so far, for the observations.
         surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
         measured: Hashes of the plans measured so far: the model's plan is the best one not among them.
+        prior: The per-layer priors (None without): the model's best plan is built before the probes, which vary
+            only the groups the prior leaves open.
 
     Returns:
         The trained model.
@@ -158,9 +195,16 @@ def train(
     rehearsal = -(-config.ppo.imagined_episodes // config.ppo.episodes_per_update) * n_steps
     fresh = not resume
     try:
+        known_prior = prior() if prior is not None else None
+        if known_prior is not None and surrogate is not None and config.ppo.build_model_plan:
+            # The model starts from the priors: its best plan is worth a build before any probe.
+            model_of_prior = surrogate()
+            if model_of_prior is not None and builds() < config.budget.builds:
+                known = measured() if measured is not None else ()
+                evaluate(model_best_plan(model_of_prior, space, config.search_budget, seed=config.seed, exclude=known))
         if config.ppo.probe_plans:
             # On a resumed run the store answers the probes already built, at no cost.
-            for plan in probe_plans(space, config.budget.builds // 3):
+            for plan in _probes(config, space, known_prior, measured):
                 if builds() >= config.budget.builds:
                     break
                 evaluate(plan)

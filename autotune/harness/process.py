@@ -72,6 +72,9 @@ def _worker_main(connection: Any, config_data: dict, log_level: int = logging.WA
                 plan, split, protocol = payload
                 result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
                 reply = ("result", result.to_dict())
+            elif kind == "layerwise":
+                choices = runner.layerwise
+                reply = ("result", None if choices is None else {"methods": choices.methods, "errors": choices.errors})
             elif kind == "references":
                 reply = ("result", list(runner.backend.references()))
             elif kind == "export":
