@@ -17,6 +17,9 @@ from autotune.trial import TrialResult
 
 LATEST = "latest.zip"
 
+OPENING_MODEL_PLANS = 3
+"""With priors, the model's best plan is built first, again after each miss of the search budget, up to this many."""
+
 
 def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) -> None:
     """Saves ``latest.zip`` atomically, and a numbered copy when given ``builds``.
@@ -100,6 +103,30 @@ def _probes(
     if len(known) > len(plans) + 1:  # the all-INT8 plan and more: an earlier run's trials stand in for probes
         return [plan for plan in plans if plan.hash in known]
     return plans
+
+
+def _opening(
+    config: TuneConfig,
+    space: SearchSpace,
+    evaluate: Callable[[Plan], TrialResult],
+    builds: Callable[[], int],
+    surrogate: Callable[[], Surrogate | None],
+    measured: Callable[[], Collection[str]] | None,
+) -> None:
+    """Builds the best plan of a model that starts from the priors, again after each miss of the search budget.
+
+    Each build corrects the model (the drop scale and the terms of the plan's layers), so a miss by a layer's
+    worth is usually fixed by the next plan; at most :data:`OPENING_MODEL_PLANS` builds.
+    """
+    for opening in range(OPENING_MODEL_PLANS):
+        model = surrogate()
+        if model is None or builds() >= config.budget.builds:
+            return
+        known = measured() if measured is not None else ()
+        plan = model_best_plan(model, space, config.search_budget, seed=config.seed + opening, exclude=known)
+        result = evaluate(plan)
+        if result.ok and result.accuracy_drop is not None and result.accuracy_drop <= config.search_budget:
+            return
 
 
 def _default_setting(space: SearchSpace) -> tuple[object, object]:
@@ -197,11 +224,7 @@ def train(
     try:
         known_prior = prior() if prior is not None else None
         if known_prior is not None and surrogate is not None and config.ppo.build_model_plan:
-            # The model starts from the priors: its best plan is worth a build before any probe.
-            model_of_prior = surrogate()
-            if model_of_prior is not None and builds() < config.budget.builds:
-                known = measured() if measured is not None else ()
-                evaluate(model_best_plan(model_of_prior, space, config.search_budget, seed=config.seed, exclude=known))
+            _opening(config, space, evaluate, builds, surrogate, measured)
         if config.ppo.probe_plans:
             # On a resumed run the store answers the probes already built, at no cost.
             for plan in _probes(config, space, known_prior, measured):

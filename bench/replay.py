@@ -43,7 +43,7 @@ from autotune.config import load_config
 from autotune.harness.memory import PRIOR_META
 from autotune.search.design import model_best_plan
 from autotune.search.estimate import RefittedEstimates, fit_surrogate
-from autotune.search.prior import PriorInputs
+from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.strategies import SEARCHES, SearchContext
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
@@ -215,6 +215,13 @@ def main() -> int:
         "--strategies", nargs="+", choices=("ppo", "ppo-noprior", *SEARCHES), help="compare these strategies"
     )
     parser.add_argument("--out", help="with --strategies: write every best-so-far curve to this JSON file")
+    parser.add_argument(
+        "--truth-prior-weight",
+        type=float,
+        default=0.0,
+        help="fit the simulator toward the per-layer priors with this weight (trials' worth per layer), not toward 0:"
+        " stores of one strategy's trials (greedy's, all near all-INT8) leave plans far from them to the prior",
+    )
     args = parser.parse_args()
     config = load_config(args.config, args.set)
     _, space = analyze(config, profile=False)
@@ -222,14 +229,25 @@ def main() -> int:
     real = [
         trial for path in paths for trial in TrialStore(Path(path)).trials() if trial.ok and trial.split == "evaluation"
     ]
-    truth = fit_surrogate(real, {knob.name: knob.default for knob in space.knobs}, ridge=0.1)
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    prior = stored_prior_inputs(paths, config, space) if config.ppo.priors or args.truth_prior_weight else None
+    truth_prior = None
+    if args.truth_prior_weight and prior is not None:
+        truth_prior = layer_prior(prior, real, defaults)
+    truth = fit_surrogate(
+        real,
+        defaults,
+        ridge=0.1,
+        prior=truth_prior,
+        layer_names=space.layer_names,
+        prior_weight=args.truth_prior_weight,
+    )
     if truth is None:
         raise SystemExit(f"{args.stores}: too few successful trials to fit a simulator")
     print(f"simulator fitted on {len(real)} trials; variant {args.set or 'defaults'}; noise {args.noise}", flush=True)
     best = model_best_plan(truth, space, config.search_budget, iterations=1500)
     optimum, layers = truth.predict(best)[0], sum(p != "fp32" for _, p in best.precisions)
     print(f"simulator's best plan within the search budget: {optimum:.3f}x ({layers} layers quantized)", flush=True)
-    prior = stored_prior_inputs(paths, config, space) if config.ppo.priors else None
     if args.strategies:
         print(f"priors: {'single-layer errors and runtime shares' if prior else 'none found'}", flush=True)
         return compare(args, truth, space, prior)
