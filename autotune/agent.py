@@ -8,13 +8,17 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.files import atomic_write
-from autotune.plan import Plan
+from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import Surrogate
+from autotune.search.prior import LayerPrior, unsure_groups
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
 LATEST = "latest.zip"
+
+OPENING_MODEL_PLANS = 3
+"""With priors, the model's best plan is built first, again after each miss of the search budget, up to this many."""
 
 
 def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) -> None:
@@ -152,6 +156,63 @@ def _build_all(
         evaluate(plan)
 
 
+def _probes(
+    config: TuneConfig,
+    space: SearchSpace,
+    prior: LayerPrior | None,
+    measured: Callable[[], Collection[str]] | None,
+) -> list[Plan]:
+    """The probe plans: the whole design without a prior; with one, only over the groups it leaves open.
+
+    With a prior, a store that already holds as many plans as the design has rows (an earlier run's imported
+    trials) needs no probe: the model of those trials is what the probes would give.
+    """
+    if prior is None:
+        return probe_plans(space, config.budget.builds // 3)
+    drop = prior.drop(*_default_setting(space))
+    open_groups = unsure_groups(space.groups, drop, config.search_budget)
+    cheap = (
+        []
+        if drop is None
+        else [g for g, group in enumerate(space.groups) if drop[list(group)].sum() <= config.search_budget]
+    )
+    plans = probe_plans(space, config.budget.builds // 6, varied=open_groups, lowered_always=cheap)
+    known = measured() if measured is not None else ()
+    if len(known) > len(plans) + 1:  # the all-INT8 plan and more: an earlier run's trials stand in for probes
+        return [plan for plan in plans if plan.hash in known]
+    return plans
+
+
+def _opening(
+    config: TuneConfig,
+    space: SearchSpace,
+    evaluate: Callable[[Plan], TrialResult],
+    builds: Callable[[], int],
+    surrogate: Callable[[], Surrogate | None],
+    measured: Callable[[], Collection[str]] | None,
+) -> None:
+    """Builds the best plan of a model that starts from the priors, again after each miss of the search budget.
+
+    Each build corrects the model (the drop scale and the terms of the plan's layers), so a miss by a layer's
+    worth is usually fixed by the next plan; at most :data:`OPENING_MODEL_PLANS` builds.
+    """
+    for opening in range(OPENING_MODEL_PLANS):
+        model = surrogate()
+        if model is None or builds() >= config.budget.builds:
+            return
+        known = measured() if measured is not None else ()
+        plan = model_best_plan(model, space, config.search_budget, seed=config.seed + opening, exclude=known)
+        result = evaluate(plan)
+        if result.ok and result.accuracy_drop is not None and result.accuracy_drop <= config.search_budget:
+            return
+
+
+def _default_setting(space: SearchSpace) -> tuple[object, object]:
+    """The default calibration method and weight granularity of the space (None where it has no such knob)."""
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    return defaults.get(CALIBRATION_KNOB), defaults.get(GRANULARITY_KNOB)
+
+
 def train(
     config: TuneConfig,
     space: SearchSpace,
@@ -165,6 +226,7 @@ def train(
     measured: Callable[[], Collection[str]] | None = None,
     evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None = None,
     workers: int = 1,
+    prior: Callable[[], LayerPrior | None] | None = None,
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
@@ -188,6 +250,8 @@ def train(
             probes are built side by side, each planning step builds the ``workers`` best unmeasured plans of the
             model, and the rollouts run ``workers`` envs whose final steps are built together.
         workers: Builds that run at once (with ``evaluate_many``).
+        prior: The per-layer priors (None without): the model's best plan is built before the probes, which vary
+            only the groups the prior leaves open.
 
     Returns:
         The trained model.
@@ -244,10 +308,14 @@ def train(
     rehearsal = -(-config.ppo.imagined_episodes * episode_length // rollout) * rollout
     fresh = not resume
     try:
+        known_prior = prior() if prior is not None else None
+        if known_prior is not None and surrogate is not None and config.ppo.build_model_plan:
+            _opening(config, space, evaluate, builds, surrogate, measured)
         if config.ppo.probe_plans:
             # On a resumed run the store answers the probes already built, at no cost.
-            probes = probe_plans(space, config.budget.builds // 3)
-            _build_all(probes, evaluate, evaluate_many, builds, config.budget.builds)
+            _build_all(
+                _probes(config, space, known_prior, measured), evaluate, evaluate_many, builds, config.budget.builds
+            )
         callback = _make_callback(config, builds, checkpoints, builds())
         for _ in range(max_updates):
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.

@@ -23,6 +23,17 @@ def _add_config(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_from(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--from",
+        dest="from_runs",
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="reuse the trials of an earlier run of the same model, data and machine (no build for those plans)",
+    )
+
+
 def _one_liners() -> str:
     """The one-liners of each backend that names them without starting its runtime, for ``--help``."""
     from autotune.backends.onnxruntime import REFERENCES
@@ -108,8 +119,13 @@ def _print_summary(summary: dict) -> None:
     )
 
 
+def _from_runs(args: argparse.Namespace) -> list[str]:
+    """``--from`` as a ``from_runs`` override (after any ``--set``, so the command line wins)."""
+    return [f"from_runs={json.dumps(args.from_runs)}"] if args.from_runs else []
+
+
 def _tune(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set)
+    config = load_config(args.config, args.set + _from_runs(args))
     summary = tune(config, progress=not args.no_progress)
     _print_summary(summary)
     print(f"TensorBoard: tensorboard --logdir {config.run_dir / 'tb'}")
@@ -118,7 +134,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _baseline(args: argparse.Namespace) -> int:
     overrides = [f"budget.builds={args.budget}", f"seed={args.seed}"] if args.budget else [f"seed={args.seed}"]
-    config = load_config(args.config, overrides + args.set)
+    config = load_config(args.config, overrides + args.set + _from_runs(args))
     if not any(item.startswith("name=") for item in args.set):
         config = config.model_copy(update={"name": f"{config.name}-{args.strategy}-s{args.seed}"})
     summary = tune(config, strategy=args.strategy, progress=not args.no_progress)
@@ -181,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")
     _add_config(tune)
     tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_from(tune)
     tune.set_defaults(handler=_tune)
 
     baseline = commands.add_parser("baseline", help="run a baseline strategy on the same harness as the agent")
@@ -189,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     baseline.add_argument("--budget", type=int, help="builds (default budget.builds of the config)")
     baseline.add_argument("--seed", type=int, default=0)
     baseline.add_argument("--no-progress", action="store_true")
+    _add_from(baseline)
     baseline.set_defaults(handler=_baseline)
 
     resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")

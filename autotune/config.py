@@ -319,6 +319,13 @@ class PPOConfig(_Strict):
     build_model_plan: bool = True
     """After every rehearsal, also build the plan the additive model of the trials rates fastest within the search
     budget (a local search on the model; Dyna's planning step), outside PPO's rollouts."""
+    priors: bool = True
+    """Start the additive model from per-layer priors known before any build (single-layer output errors of the
+    layerwise calibration, FP32 runtime shares; ``autotune/search/prior.py``): the model's first plan is built
+    right after all-INT8, and probe plans vary only the layers whose prior leaves the choice open (at most a
+    sixth of the build budget). Without layerwise calibration only the savings have a prior."""
+    prior_weight: float = Field(2.0, gt=0)
+    """How many trials' worth a layer's prior counts in the additive fit (its ridge weight toward the prior)."""
 
 
 class ConfirmConfig(_Strict):
@@ -386,6 +393,9 @@ class TuneConfig(_Strict):
     runs_dir: Path = Path("runs")
     cache_dir: Path = Path(".cache/autotune")
     """Exported models and calibration statistics, shared by runs."""
+    from_runs: list[Path] = Field(default_factory=list)
+    """Earlier run directories whose trials a new run reuses (``autotune tune --from RUN_DIR``): those measured on
+    the same model, data, backend and machine enter its store as imported trials that cost no build."""
 
     @field_validator("name")
     @classmethod

@@ -25,6 +25,10 @@ CREATE TABLE IF NOT EXISTS reference_results (
     name TEXT PRIMARY KEY,
     result TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS imported (
+    plan_hash TEXT PRIMARY KEY,
+    source TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -102,6 +106,46 @@ class TrialStore:
 
     def __len__(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+
+    def builds(self) -> int:
+        """Trials built by this run: every trial but those imported from earlier runs."""
+        return self._db.execute(
+            "SELECT COUNT(*) FROM trials WHERE plan_hash NOT IN (SELECT plan_hash FROM imported)"
+        ).fetchone()[0]
+
+    def put_imported(self, result: TrialResult, source: str) -> bool:
+        """Commits a trial measured by an earlier run, marked as imported: it costs this run no build.
+
+        A plan this run already holds keeps its own result.
+
+        Returns:
+            Whether the trial was added.
+
+        Raises:
+            StoreError: The write failed (disk full, read-only directory).
+        """
+        if result.plan_hash in self:
+            return False
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                seq = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM trials").fetchone()[0]
+                self._db.execute(
+                    "INSERT INTO trials (plan_hash, seq, measured, status, result) VALUES (?, ?, 1, ?, ?)",
+                    (result.plan_hash, seq, result.status, json.dumps(result.to_dict())),
+                )
+                self._db.execute(
+                    "INSERT OR REPLACE INTO imported (plan_hash, source) VALUES (?, ?)", (result.plan_hash, source)
+                )
+        except sqlite3.Error as error:
+            raise StoreError(
+                f"cannot import trial {result.plan_hash} to {self.path}: {error}; {_WRITE_HINT}"
+            ) from error
+        return True
+
+    def imported(self) -> dict[str, str]:
+        """Plan hash to the run it was imported from, for every imported trial."""
+        return dict(self._db.execute("SELECT plan_hash, source FROM imported").fetchall())
 
     def __contains__(self, plan_hash: str) -> bool:
         return self._db.execute("SELECT 1 FROM trials WHERE plan_hash = ?", (plan_hash,)).fetchone() is not None

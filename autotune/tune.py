@@ -11,6 +11,14 @@ from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
 from autotune.harness import Evaluator
+from autotune.harness.memory import (
+    KEY_META,
+    check_comparable,
+    comparability_key,
+    import_runs,
+    prior_inputs,
+    store_prior_inputs,
+)
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, Plan
 from autotune.rundir import RunDir
@@ -121,7 +129,8 @@ def export_ranked(
         **reference_rows(store, chosen, config.accuracy_budget),
         "accuracy_budget": config.accuracy_budget,
         "metric": config.metric.name,
-        "builds": len(store),
+        "builds": store.builds(),
+        "imported_trials": len(store.imported()),
         "cache_hits": int(store.get_meta("cache_hits", 0)),
         "wall_s": float(store.get_meta("wall_s", 0.0)),
     }
@@ -185,11 +194,16 @@ def run_search(
     if strategy == "ppo":
         from autotune.agent import train
 
+        inputs = prior_inputs(config, space, evaluator) if config.ppo.priors else None
+        if inputs is not None:
+            store_prior_inputs(evaluator.store, inputs)
         fitted = RefittedEstimates(
             lambda: list(evaluator.store.trials()),
             space.layer_names,
             {knob.name: knob.default for knob in space.knobs},
             count=lambda: len(evaluator.store),
+            prior_inputs=inputs,
+            prior_weight=config.ppo.prior_weight,
         )
         train(
             config,
@@ -204,6 +218,7 @@ def run_search(
             fitted.measured,
             evaluate_many=evaluate_many if evaluator.workers > 1 else None,
             workers=evaluator.workers,
+            prior=fitted.prior if inputs is not None else None,
         )
         return
     context = SearchContext(
@@ -265,15 +280,19 @@ def tune(
                 f"confirm.references: {unknown} not offered by the {config.backend.name} backend; "
                 f"it offers {list(offered)}"
             )
+    key = comparability_key(config, model) if resume_dir is None else {}
     if resume_dir is None:
+        check_comparable(config.from_runs, key)
         run = RunDir.create(config)
     with TrialStore(run.store) as store:
         if resume_dir is not None:
             strategy = str(store.get_meta("strategy", strategy))
         else:
             store.set_meta("strategy", strategy)
+            store.set_meta(KEY_META, key)
+            store.set_meta("imported_from", import_runs(store, config.from_runs, key))
         wall_before = float(store.get_meta("wall_s", 0.0))
-        monitor = RunMonitor(config, run.tensorboard, builds_done=len(store), progress=progress)
+        monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
         monitor.seed(list(store.trials()))
         try:
             with Evaluator(config, store, isolate=isolate) as evaluator:

@@ -13,12 +13,24 @@ Prints the simulator's best plan within the search budget (a local search over p
 per seed, the simulator's speedup of the fastest plan within the search budget that the agent built, and the mean
 number of quantized layers per 10 builds. The simulator is additive by construction, so it flatters
 anything that relies on additivity: treat its results as leads for a real run, not as results.
+
+``--strategies`` compares every strategy on the same simulator instead (``ppo`` is the agent with the config's
+settings, ``ppo-noprior`` the agent without per-layer priors, and the searches ``greedy``, ``random``,
+``optuna``), each starting with the all-INT8 plan as a real run does:
+    python bench/replay.py configs/minilm-cpu.yaml --stores 'runs-bench/*/trials.sqlite' \
+        --strategies ppo ppo-noprior greedy random optuna --seeds 0 1 2 3 4 5 6 7 8 9 --set budget.builds=48
+It prints, per strategy, the median [min, max] over seeds of the builds until the best plan within the search budget
+reaches 98 % of the simulator's greedy result (greedy's median over the seeds), and of the best speedup after 12,
+24 and all builds; ``--out FILE`` writes every best-so-far curve as JSON. The agent's priors come from the
+stores' run meta (``prior_inputs``), else from the layerwise calibration cache of the config's model and the FP32
+profile.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -28,17 +40,45 @@ import numpy as np
 from autotune.agent import train
 from autotune.api import analyze
 from autotune.config import load_config
+from autotune.harness.memory import PRIOR_META
 from autotune.search.design import model_best_plan
 from autotune.search.estimate import RefittedEstimates, fit_surrogate
+from autotune.search.prior import PriorInputs, layer_prior
+from autotune.search.strategies import SEARCHES, SearchContext
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
+TARGET = 0.98
+"""The fraction of the simulator's greedy result a strategy is timed to reach."""
 
-def replay(config_path: str, overrides: list[str], truth, space, seed: int, noise: float) -> dict:
-    """One agent run against the simulator ``truth``; returns what it found."""
-    config = load_config(config_path, [f"seed={seed}", *overrides])
+
+def replay(
+    config_path: str, overrides: list[str], truth, space, seed: int, noise: float, strategy: str = "ppo", prior=None
+) -> dict:
+    """One run of ``strategy`` against the simulator ``truth``; returns what it found.
+
+    Args:
+        config_path: The config.
+        overrides: Config overrides (the variant).
+        truth: The simulator (a fitted ``Surrogate``).
+        space: The search space.
+        seed: Seeds the strategy and the measurement noise.
+        noise: Log-normal sigma of a measured speedup.
+        strategy: ``ppo``, ``ppo-noprior`` or a search of ``SEARCHES``.
+        prior: The agent's prior inputs (``PriorInputs``), or None.
+    """
+    agent = strategy.startswith("ppo")
+    extra = ["ppo.priors=false"] if strategy == "ppo-noprior" else []
+    config = load_config(config_path, [f"seed={seed}", *overrides, *extra])
     built: list[TrialResult] = []
-    fitted = RefittedEstimates(lambda: built, space.layer_names, {knob.name: knob.default for knob in space.knobs})
+    use_prior = prior if agent and config.ppo.priors else None
+    fitted = RefittedEstimates(
+        lambda: built,
+        space.layer_names,
+        {knob.name: knob.default for knob in space.knobs},
+        prior_inputs=use_prior,
+        prior_weight=config.ppo.prior_weight,
+    )
     answered: dict[str, TrialResult] = {}
     rng = np.random.default_rng(seed)
 
@@ -54,27 +94,113 @@ def replay(config_path: str, overrides: list[str], truth, space, seed: int, nois
 
     started = time.time()
     evaluate(space.uniform("int8"))  # every search starts with the all-INT8 plan
-    with tempfile.TemporaryDirectory() as scratch:
-        train(
-            config,
-            space,
-            evaluate,
-            lambda: len(built),
-            Path(scratch) / "tb",
-            Path(scratch) / "checkpoints",
-            estimates=fitted.estimates,
-            surrogate=fitted.surrogate,
-            measured=fitted.measured,
+    if agent:
+        with tempfile.TemporaryDirectory() as scratch:
+            train(
+                config,
+                space,
+                evaluate,
+                lambda: len(built),
+                Path(scratch) / "tb",
+                Path(scratch) / "checkpoints",
+                estimates=fitted.estimates,
+                surrogate=fitted.surrogate,
+                measured=fitted.measured,
+                prior=fitted.prior if use_prior is not None else None,
+            )
+    else:
+        context = SearchContext(
+            config, space, evaluate, lambda: len(built), seed=seed, stall=config.budget.stall_episodes
         )
-    within = [truth.predict(r.plan)[0] for r in built if truth.predict(r.plan)[1] <= config.search_budget]
+        SEARCHES[strategy](context)
+    true = [truth.predict(r.plan) for r in built]
+    within = [speedup for speedup, drop in true if drop <= config.search_budget]
+    curve, best = [], 1.0
+    for speedup, drop in true:
+        best = max(best, speedup) if drop <= config.search_budget else best
+        curve.append(round(best, 4))
     quantized = [sum(p != "fp32" for _, p in r.plan.precisions) for r in built]
     return {
+        "strategy": strategy,
         "seed": seed,
         "best_speedup_within_budget": round(max(within), 3) if within else None,
         "quantized_per_10_builds": [round(float(np.mean(quantized[i : i + 10]))) for i in range(0, len(built), 10)],
         "builds": len(built),
+        "best_so_far": curve,
         "seconds": round(time.time() - started),
     }
+
+
+def stored_prior_inputs(paths: list[str], config, space) -> PriorInputs | None:
+    """The prior inputs of the replayed runs: a store's run meta, else the config's layerwise calibration cache.
+
+    The cache holds the single-layer errors of every layerwise calibration of the model; the newest one whose
+    layers are the space's INT8 layers is taken (a bench shortcut: a run asks its trial process instead).
+    """
+    for path in paths:
+        with TrialStore(Path(path)) as store:
+            data = store.get_meta(PRIOR_META)
+        if isinstance(data, dict):
+            return PriorInputs.from_dict(data)
+    model, profiled = analyze(config)
+    int8_layers = {
+        layer.name for layer, options in zip(profiled.layers, profiled.choices, strict=True) if "int8" in options
+    }
+    caches = sorted(
+        (config.cache_dir / "calibration").glob(f"layerwise-{model.hash[:16]}-*.json"), key=lambda p: p.stat().st_mtime
+    )
+    for cache in reversed(caches):
+        data = json.loads(cache.read_text())
+        if set(data["methods"]) == int8_layers:
+            granularity = next((k.default for k in profiled.knobs if k.name == "weight_granularity"), None)
+            return PriorInputs(
+                tuple(profiled.layer_names),
+                tuple(layer.runtime_share for layer in profiled.layers),
+                data["errors"],
+                data["methods"],
+                config.metric.name,
+                granularity,
+            )
+    return None
+
+
+def _median_cell(values: list) -> str:
+    present = [v for v in values if v is not None]
+    missed = len(values) - len(present)
+    if not present:
+        return f"never ({missed})"
+    cell = f"{float(np.median(present)):.4g} [{min(present):.4g}, {max(present):.4g}]"
+    return cell + (f", {missed} never" if missed else "")
+
+
+def compare(args: argparse.Namespace, truth, space, prior) -> int:
+    """Every strategy over every seed on the simulator; prints the table, writes the curves."""
+    runs = []
+    for strategy in args.strategies:
+        for seed in args.seeds:
+            result = replay(args.config, args.set, truth, space, seed, args.noise, strategy, prior)
+            print({k: v for k, v in result.items() if k != "best_so_far"}, flush=True)
+            runs.append(result)
+    greedy = [r["best_speedup_within_budget"] or 1.0 for r in runs if r["strategy"] == "greedy"]
+    if not greedy:
+        greedy = [r["best_speedup_within_budget"] or 1.0 for r in replay_greedy(args, truth, space)]
+    target = TARGET * float(np.median(greedy))
+    print(f"\ntarget: {TARGET:.0%} of the simulator's greedy result ({float(np.median(greedy)):.3f}x) = {target:.3f}x")
+    print("| strategy | builds to reach the target | best after 12 | best after 24 | best at the end |")
+    print("|---|---|---|---|---|")
+    for strategy in args.strategies:
+        mine = [r for r in runs if r["strategy"] == strategy]
+        reach = [next((i + 1 for i, v in enumerate(r["best_so_far"]) if v >= target), None) for r in mine]
+        at = [[r["best_so_far"][min(n, len(r["best_so_far"])) - 1] for r in mine] for n in (12, 24, 10**9)]
+        print(f"| {strategy} | {_median_cell(reach)} | " + " | ".join(_median_cell(a) for a in at) + " |")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"target": target, "runs": runs}, indent=1))
+    return 0
+
+
+def replay_greedy(args: argparse.Namespace, truth, space) -> list[dict]:
+    """Greedy on the simulator over the seeds, for the target when it is not among the compared strategies."""
+    return [replay(args.config, args.set, truth, space, seed, args.noise, "greedy") for seed in args.seeds]
 
 
 def main() -> int:
@@ -85,24 +211,49 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], help="config override: the variant")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--noise", type=float, default=0.03, help="log-normal sigma of a measured speedup")
+    parser.add_argument(
+        "--strategies", nargs="+", choices=("ppo", "ppo-noprior", *SEARCHES), help="compare these strategies"
+    )
+    parser.add_argument("--out", help="with --strategies: write every best-so-far curve to this JSON file")
+    parser.add_argument(
+        "--truth-prior-weight",
+        type=float,
+        default=0.0,
+        help="fit the simulator toward the per-layer priors with this weight (trials' worth per layer), not toward 0:"
+        " stores of one strategy's trials (greedy's, all near all-INT8) leave plans far from them to the prior",
+    )
     args = parser.parse_args()
     config = load_config(args.config, args.set)
     _, space = analyze(config, profile=False)
+    paths = sorted(glob.glob(args.stores))
     real = [
-        trial
-        for path in sorted(glob.glob(args.stores))
-        for trial in TrialStore(Path(path)).trials()
-        if trial.ok and trial.split == "evaluation"
+        trial for path in paths for trial in TrialStore(Path(path)).trials() if trial.ok and trial.split == "evaluation"
     ]
-    truth = fit_surrogate(real, {knob.name: knob.default for knob in space.knobs}, ridge=0.1)
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    prior = stored_prior_inputs(paths, config, space) if config.ppo.priors or args.truth_prior_weight else None
+    truth_prior = None
+    if args.truth_prior_weight and prior is not None:
+        truth_prior = layer_prior(prior, real, defaults)
+    truth = fit_surrogate(
+        real,
+        defaults,
+        ridge=0.1,
+        prior=truth_prior,
+        layer_names=space.layer_names,
+        prior_weight=args.truth_prior_weight,
+    )
     if truth is None:
         raise SystemExit(f"{args.stores}: too few successful trials to fit a simulator")
     print(f"simulator fitted on {len(real)} trials; variant {args.set or 'defaults'}; noise {args.noise}", flush=True)
     best = model_best_plan(truth, space, config.search_budget, iterations=1500)
     optimum, layers = truth.predict(best)[0], sum(p != "fp32" for _, p in best.precisions)
     print(f"simulator's best plan within the search budget: {optimum:.3f}x ({layers} layers quantized)", flush=True)
+    if args.strategies:
+        print(f"priors: {'single-layer errors and runtime shares' if prior else 'none found'}", flush=True)
+        return compare(args, truth, space, prior)
     for seed in args.seeds:
-        print(replay(args.config, args.set, truth, space, seed, args.noise), flush=True)
+        result = replay(args.config, args.set, truth, space, seed, args.noise, prior=prior)
+        print({k: v for k, v in result.items() if k not in ("best_so_far", "strategy")}, flush=True)
     return 0
 
 

@@ -83,11 +83,14 @@ def run_one(
     rewards = [reward(t, config.reward, config.accuracy_budget) for t in trials]
     within = [t for t in trials if meets_budget(t, config.accuracy_budget)]
     best_within = max(within, key=lambda t: t.speedup) if within else None
+    speedups = [t.speedup if meets_budget(t, config.search_budget) and t.speedup else 1.0 for t in trials]
     return {
         "strategy": strategy,
         "seed": seed,
         "builds": len(trials),
         "curve": best_so_far(rewards),
+        # Best search speedup within the search budget after each build: what greedy's confirmed result is timed on.
+        "speedup_curve": best_so_far(speedups),
         "best_reward": max(rewards) if rewards else None,
         "search_best_within_budget": {
             "speedup": best_within.speedup if best_within else None,
@@ -145,7 +148,28 @@ def table(results: list[dict], budget: int) -> tuple[str, float]:
             f"| {_cell([r.get('trial_s') for r in rows], '.0f')} | {_cell([r['wall_s'] for r in rows], '.0f')} |"
         )
     lines += reference_rows(results)
+    lines += greedy_rows(results)
     return "\n".join(lines), target
+
+
+def greedy_rows(results: list[dict], fraction: float = 0.98) -> list[str]:
+    """Per strategy, the builds until its best search plan within the budget reaches a fraction of greedy's result.
+
+    Greedy's result is its confirmed held-out speedup, the median over its seeds; no rows without one.
+    """
+    greedy = [(r["confirmed_winner"] or {}).get("speedup") for r in results if r["strategy"] == "greedy"]
+    greedy = [value for value in greedy if value]
+    if not greedy:
+        return []
+    target = fraction * float(np.median(greedy))
+    lines = ["", f"| strategy | builds to {fraction:.0%} of greedy's confirmed speedup ({target:.2f}x) |", "|---|---|"]
+    for strategy in dict.fromkeys(r["strategy"] for r in results):
+        reach = [builds_to_reach(r.get("speedup_curve", []), target) for r in results if r["strategy"] == strategy]
+        text = _cell([float(x) for x in reach if x is not None], ".0f")
+        if any(x is None for x in reach):
+            text += f" ({sum(x is None for x in reach)}/{len(reach)} never)"
+        lines.append(f"| {strategy} | {text} |")
+    return lines
 
 
 def reference_rows(results: list[dict]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autotune.agent import LATEST, train
@@ -104,3 +105,60 @@ def test_the_agent_builds_its_models_best_plan_after_each_rehearsal(tmp_path):
     assert built[0] == planned  # built before the first sampled episode
     assert model.predict(planned)[1] <= config.search_budget
     assert sum(p != "fp32" for _, p in planned.precisions) == int(config.search_budget / 0.006)
+
+
+def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_layers(tmp_path):
+    from autotune.search.estimate import RefittedEstimates
+    from autotune.search.prior import PriorInputs, unsure_groups
+
+    space = tiny_space()
+    names = space.layer_names
+    evaluate = synthetic_evaluator(space)
+    built, results = [], []
+
+    def real(plan):
+        built.append(plan)
+        results.append(evaluate(plan))
+        return results[-1]
+
+    config = tiny_config(
+        tmp_path, accuracy_budget=0.003, budget={"builds": 24}, ppo={"episodes_per_update": 2, "imagined_episodes": 2}
+    )
+    # prior drops (half the errors): fc2 breaks the budget alone, head is negligible, fc1 and fc3 are open
+    errors = dict(zip(names, (4e-3, 4e-2, 3e-3, 1e-7), strict=True))
+    inputs = PriorInputs(
+        tuple(names),
+        (0.3, 0.3, 0.2, 0.2),
+        {n: {"max": e} for n, e in errors.items()},
+        dict.fromkeys(names, "max"),
+        "cosine",
+    )
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    fitted = RefittedEstimates(lambda: results, names, defaults, prior_inputs=inputs)
+    train(
+        config,
+        space,
+        real,
+        lambda: len(built),
+        tmp_path / "tb",
+        tmp_path / "ckpt",
+        estimates=fitted.estimates,
+        surrogate=fitted.surrogate,
+        measured=fitted.measured,
+        prior=fitted.prior,
+    )
+    first = {n for n, p in built[0].precisions if p != "fp32"}
+    assert first == {names[0], names[3]}  # fc1 and fc3 together (0.0035) exceed the budget (0.003); fc1 saves more
+    drop = 0.5 * np.array([errors[n] for n in names])
+    assert unsure_groups(space.groups, drop, config.search_budget) == [0, 2]
+    # the model's plans come first, until one meets the budget (at most three); then the probes
+    opening = next((i + 1 for i, r in enumerate(results[:3]) if r.accuracy_drop <= config.search_budget), 3)
+    probes = built[opening : opening + 4]
+    assert {(p.precision_map[names[0]], p.precision_map[names[2]]) for p in probes} == {
+        ("int8", "int8"),
+        ("int8", "fp32"),
+        ("fp32", "int8"),
+        ("fp32", "fp32"),
+    }
+    assert all(p.precision_map[names[1]] == "fp32" and p.precision_map[names[3]] == "int8" for p in probes)
+    assert len(built) == 24

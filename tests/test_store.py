@@ -251,3 +251,16 @@ def test_survives_killed_writer(tmp_path):
         assert [t.latency_ms for t in store.trials()] == [float(i) for i in range(len(hashes))]
         store.put(_result(0))  # the reopened store is writable
         assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_imported_trials_are_stored_but_are_no_build_of_this_run(tmp_path):
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        own = TrialResult(plan=Plan.make({"a": "int8"}), speedup=1.5, accuracy_drop=0.01)
+        store.put(own)
+        earlier = TrialResult(plan=Plan.make({"a": "fp32"}), speedup=1.0, accuracy_drop=0.0)
+        assert store.put_imported(earlier, "runs/earlier")
+        assert not store.put_imported(TrialResult(plan=own.plan, speedup=9.0), "runs/earlier")  # ours is kept
+        assert len(store) == 2 and store.builds() == 1
+        assert store.imported() == {earlier.plan_hash: "runs/earlier"}
+        assert store.get(own.plan_hash).speedup == 1.5
+        assert [r.plan_hash for r in store.trials()] == [own.plan_hash, earlier.plan_hash]

@@ -101,7 +101,9 @@ def test_sigkill_then_resume_loses_no_trial_and_measures_none_twice(tmp_path):
     config = tiny_config(
         tmp_path,
         budget={"builds": 30, "stall_episodes": 40},
-        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5},
+        # Without the layerwise priors: on this model builds take milliseconds, so the rehearsals that priors start
+        # from the first build would set the pace of the run, and the test is about the kill, not the agent.
+        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5, "priors": False},
     )
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(dump_config(config))
@@ -265,3 +267,48 @@ def test_confirm_references_picks_the_one_liners_and_rejects_unknown_ones(tmp_pa
     with pytest.raises(ConfigError, match=r"confirm.references: \['tflite'\] not offered by the onnxruntime"):
         tune(bad, isolate=False, progress=False)
     assert not bad.run_dir.exists()
+
+
+def test_a_second_run_from_the_first_builds_none_of_its_plans_and_counts_only_its_own_builds(tmp_path):
+    first = tiny_config(tmp_path, name="first", budget={"builds": 10}, ppo={"episodes_per_update": 2})
+    tune(first, isolate=False, progress=False)
+    with TrialStore(first.run_dir / "trials.sqlite") as store:
+        measured_first = {r.plan_hash: r.to_dict() for r in store.trials()}
+    second = tiny_config(
+        tmp_path,
+        name="second",
+        accuracy_budget=2 * first.accuracy_budget,
+        budget={"builds": 4},
+        ppo={"episodes_per_update": 2},
+        from_runs=[str(first.run_dir)],
+    )
+    summary = tune(second, isolate=False, progress=False)
+    with TrialStore(second.run_dir / "trials.sqlite") as store:
+        measured_second = {r.plan_hash: r.to_dict() for r in store.trials()}
+        imported = store.imported()
+        counts = store.measure_counts()
+    assert set(imported) == set(measured_first)
+    for plan_hash, result in measured_first.items():  # the first run's measurement, not a second one
+        assert measured_second[plan_hash] == result
+    assert set(counts.values()) == {1}
+    new = set(measured_second) - set(measured_first)
+    assert summary["builds"] == len(new) <= 4
+    assert summary["imported_trials"] == len(measured_first)
+
+
+def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
+    first = tiny_config(tmp_path, name="first", budget={"builds": 2}, ppo={"episodes_per_update": 2})
+    tune(first, isolate=False, progress=False)
+    other = tiny_config(
+        tmp_path,
+        name="other",
+        measure={"warmup": 1, "repeats": 5, "rounds": 1},
+        from_runs=[str(first.run_dir)],
+    )
+    with pytest.raises(ConfigError, match=r"not comparable with this run \(measure differ\)") as error:
+        tune(other, isolate=False, progress=False)
+    assert "\n" not in str(error.value)
+    assert not other.run_dir.exists()
+    missing = tiny_config(tmp_path, name="missing", from_runs=[str(tmp_path / "nope")])
+    with pytest.raises(ConfigError, match="has no trials.sqlite"):
+        tune(missing, isolate=False, progress=False)

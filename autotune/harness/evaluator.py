@@ -42,8 +42,9 @@ class Evaluator:
         self.config = config
         self.store = store
         self.on_result = on_result
-        # Every stored trial is one build, so the count survives a kill between commit and bookkeeping.
-        self.builds = len(store)
+        # Every stored trial but an imported one is one build, so the count survives a kill between commit and
+        # bookkeeping.
+        self.builds = store.builds()
         self.cache_hits = 0
         self._inline: TrialRunner | None = None
         self._child: ChildRunner | None = None
@@ -88,7 +89,7 @@ class Evaluator:
 
     def _commit(self, result: TrialResult) -> None:
         self.store.put(result)
-        self.builds = len(self.store)
+        self.builds = self.store.builds()
         if self.on_result is not None:
             self.on_result(result)
 
@@ -162,6 +163,17 @@ class Evaluator:
         if status != "result":
             raise BuildError(f"cannot list the backend's references: {data}")
         return tuple(data)
+
+    def layerwise_errors(self) -> dict | None:
+        """The layerwise calibration's choices and single-layer output errors (``methods``, ``errors``), or None.
+
+        None when the run does not offer ``layerwise`` calibration, or the trial process cannot answer.
+        """
+        if self._inline is not None:
+            choices = self._inline.layerwise
+            return None if choices is None else {"methods": choices.methods, "errors": choices.errors}
+        status, data = self._request("layerwise", None)
+        return data if status == "result" else None
 
     def export(self, plan: Plan, out_dir: Path) -> list[str]:
         """Writes a plan's deployable files."""

@@ -50,6 +50,9 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
             plan, split, protocol = payload
             result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
             return "result", result.to_dict()
+        if kind == "layerwise":
+            choices = runner.layerwise
+            return "result", None if choices is None else {"methods": choices.methods, "errors": choices.errors}
         if kind == "references":
             return "result", list(runner.backend.references())
         if kind == "export":

@@ -11,7 +11,7 @@ with the smallest variance any design of that many plans can give.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -134,7 +134,9 @@ def model_best_plan(
     return fresh[1] if fresh is not None else plan_of(best)
 
 
-def probe_plans(space: SearchSpace, max_plans: int) -> list[Plan]:
+def probe_plans(
+    space: SearchSpace, max_plans: int, varied: Sequence[int] | None = None, lowered_always: Collection[int] = ()
+) -> list[Plan]:
     """The first rows of an orthogonal design over the space's decision groups, as plans.
 
     Row ``r`` quantizes group ``g`` where the design says +1 (the first row quantizes every group: the all-INT8
@@ -144,26 +146,31 @@ def probe_plans(space: SearchSpace, max_plans: int) -> list[Plan]:
     Args:
         space: The search space; its groups are the design's factors.
         max_plans: At most this many plans (the design's first rows: orthogonality needs all of them).
+        varied: The groups the design varies (default all): where a prior leaves the choice open.
+        lowered_always: Groups outside ``varied`` that every plan lowers (those a prior says cost nearly
+            nothing); the other groups outside ``varied`` stay FP32 in every plan.
 
     Returns:
         Distinct plans, in design order; empty when there is nothing to search.
     """
     groups = space.groups
-    if not groups or max_plans <= 0:
+    varied = list(range(len(groups))) if varied is None else list(varied)
+    if not varied or max_plans <= 0:
         return []
-    order = design_order(len(groups))
+    order = design_order(len(varied))
     matrix = hadamard(order)
     assert matrix is not None  # design_order returns only orders hadamard builds
     lowered = lowered_precisions(space)
+    fixed = {space.layer_names[i]: lowered[g] for g in lowered_always if g not in varied for i in groups[g]}
     plans: list[Plan] = []
     for row in matrix[:max_plans]:
         precisions = {
-            space.layer_names[index]: lowered[column]
-            for column, group in enumerate(groups)
+            space.layer_names[index]: lowered[group]
+            for column, group in enumerate(varied)
             if row[column + 1] > 0
-            for index in group
+            for index in groups[group]
         }
-        plan = space.plan(precisions)
+        plan = space.plan({**fixed, **precisions})
         if plan not in plans:
             plans.append(plan)
     return plans

@@ -19,10 +19,14 @@ from typing import Any
 import numpy as np
 
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
+from autotune.search.prior import LayerPrior, PriorInputs, layer_prior
 from autotune.trial import TrialResult
 
 MIN_TRIALS = 8
-"""Fewer trials than this give no estimate (features stay 0)."""
+"""Fewer trials than this give no estimate (features stay 0), unless there is a prior."""
+
+PRIOR_WEIGHT = 2.0
+"""How many trials' worth a per-layer prior counts (the ridge weight toward it)."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +44,35 @@ class LayerEstimates:
     trials: int
 
 
-def ridge_least_squares(design: np.ndarray, targets: np.ndarray, ridge: float) -> np.ndarray:
-    """The additive terms ``x`` minimising ``|design @ x - targets|^2 + ridge |x|^2``: every additive fit uses it."""
-    gram = design.T @ design + ridge * np.eye(design.shape[1])
-    return np.linalg.solve(gram, design.T @ targets)
+def ridge_least_squares(
+    design: np.ndarray, targets: np.ndarray, ridge: float | np.ndarray, prior: np.ndarray | None = None
+) -> np.ndarray:
+    """The additive terms ``x`` minimising ``|design @ x - targets|^2 + sum_j ridge_j (x_j - prior_j)^2``.
+
+    Every additive fit uses it. Without ``prior`` the terms shrink toward 0; with one, toward it: with no rows
+    the solution is the prior, with many the data's own least-squares fit.
+
+    Args:
+        design: One row per trial, one column per term.
+        targets: One row per trial (one column per target, or a vector).
+        ridge: L2 weight, one for all terms or one per term.
+        prior: What each term shrinks toward (shaped as the solution); None: 0.
+    """
+    weights = np.broadcast_to(np.asarray(ridge, dtype=float), (design.shape[1],))
+    gram = design.T @ design + np.diag(weights)
+    right = design.T @ targets
+    if prior is not None:
+        right = right + (weights * prior.T).T
+    return np.linalg.solve(gram, right)
 
 
 def fit_additive(
-    layer_names: Sequence[str], results: Iterable[TrialResult], ridge: float = 0.5, min_trials: int = MIN_TRIALS
+    layer_names: Sequence[str],
+    results: Iterable[TrialResult],
+    ridge: float = 0.5,
+    min_trials: int = MIN_TRIALS,
+    prior: tuple[np.ndarray, np.ndarray | None] | None = None,
+    prior_weight: float = PRIOR_WEIGHT,
 ) -> LayerEstimates | None:
     """Fits ``1 - 1/speedup`` and the accuracy drop as sums of per-layer terms.
 
@@ -55,13 +80,16 @@ def fit_additive(
         layer_names: Every tunable layer, in table order.
         results: Trials; failed ones are skipped.
         ridge: L2 weight; shrinks layers the trials say little about towards 0.
-        min_trials: Fewer usable trials give no estimate.
+        min_trials: Fewer usable trials give no estimate (without a prior).
+        prior: Per-layer prior savings and drops (None drops: shrink those toward 0): terms shrink toward them
+            with weight ``prior_weight`` instead, and no minimum of trials applies.
+        prior_weight: How many trials' worth the prior counts per layer.
 
     Returns:
-        The estimates (clipped at 0), or None with fewer than ``min_trials`` usable trials.
+        The estimates (clipped at 0), or None with fewer than ``min_trials`` usable trials and no prior.
     """
     ok = [r for r in results if r.ok and r.speedup and r.accuracy_drop is not None]
-    if not ok or len(ok) < min_trials:
+    if prior is None and (not ok or len(ok) < min_trials):
         return None
     index = {name: i for i, name in enumerate(layer_names)}
     design = np.zeros((len(ok), len(layer_names)))
@@ -69,8 +97,16 @@ def fit_additive(
         for name, precision in result.plan.precisions:
             if precision != "fp32" and name in index:
                 design[row, index[name]] = 1.0
-    targets = np.array([[1.0 - 1.0 / r.speedup, r.accuracy_drop] for r in ok])
-    solution = ridge_least_squares(design, targets, ridge)
+    targets = np.array([[1.0 - 1.0 / r.speedup, r.accuracy_drop] for r in ok]).reshape(len(ok), 2)
+    if prior is None:
+        solution = ridge_least_squares(design, targets, ridge)
+    else:
+        saving, drop = prior
+        drop_prior = np.zeros(len(layer_names)) if drop is None else drop
+        columns = [ridge_least_squares(design, targets[:, 0], prior_weight, saving)]
+        drop_weight = prior_weight if drop is not None else ridge
+        columns.append(ridge_least_squares(design, targets[:, 1], drop_weight, drop_prior))
+        solution = np.stack(columns, axis=1)
     return LayerEstimates(np.clip(solution[:, 0], 0, None), np.clip(solution[:, 1], 0, None), len(ok))
 
 
@@ -94,8 +130,15 @@ class _Additive:
         return float(self.terms[active].sum()) if active else 0.0
 
 
-def _fit(rows: Sequence[list[tuple[str, str, Any]]], targets: np.ndarray, ridge: float) -> _Additive:
-    columns: dict[tuple[str, str, Any], int] = {}
+def _fit(
+    rows: Sequence[list[tuple[str, str, Any]]],
+    targets: np.ndarray,
+    ridge: float,
+    prior: Mapping[tuple[str, str, Any], float] | None = None,
+    prior_weight: float = PRIOR_WEIGHT,
+) -> _Additive:
+    """Ridge terms per column; columns in ``prior`` shrink toward it (and exist even if no row has them)."""
+    columns: dict[tuple[str, str, Any], int] = {key: i for i, key in enumerate(prior or {})}
     for keys in rows:
         for key in keys:
             columns.setdefault(key, len(columns))
@@ -103,7 +146,13 @@ def _fit(rows: Sequence[list[tuple[str, str, Any]]], targets: np.ndarray, ridge:
     for row, keys in enumerate(rows):
         for key in keys:
             design[row, columns[key]] = 1.0
-    return _Additive(columns, ridge_least_squares(design, targets, ridge))
+    if not prior:
+        return _Additive(columns, ridge_least_squares(design, targets, ridge))
+    weights = np.full(design.shape[1], ridge)
+    centre = np.zeros(design.shape[1])
+    for key, value in prior.items():
+        weights[columns[key]], centre[columns[key]] = prior_weight, value
+    return _Additive(columns, ridge_least_squares(design, targets, weights, centre))
 
 
 @dataclass(frozen=True)
@@ -167,6 +216,9 @@ def fit_surrogate(
     knob_defaults: Mapping[str, Any],
     accuracy_knobs: Sequence[str] = ("calibration", "weight_granularity"),
     ridge: float = 0.5,
+    prior: LayerPrior | None = None,
+    layer_names: Sequence[str] = (),
+    prior_weight: float = PRIOR_WEIGHT,
 ) -> Surrogate | None:
     """Fits :class:`Surrogate` by ridge least squares over the successful trials.
 
@@ -175,26 +227,53 @@ def fit_surrogate(
         knob_defaults: Each knob's default value (no term: the FP32 reference uses it).
         accuracy_knobs: Knobs that change the numbers; each of their settings gets its own drop terms.
         ridge: L2 weight; shrinks terms the trials say little about towards 0.
+        prior: Per-layer prior savings and drops of INT8 (:mod:`autotune.search.prior`): their terms shrink
+            toward it, a setting with prior drops has its own drop terms from the first trial on, and the model
+            exists before any trial.
+        layer_names: The layers ``prior`` holds values for, in its order (needed with ``prior``).
+        prior_weight: How many trials' worth the prior counts per term.
 
     Returns:
-        The model, or None with fewer than ``MIN_TRIALS`` usable trials.
+        The model, or None with fewer than ``MIN_TRIALS`` usable trials and no prior.
     """
     ok = [r for r in results if r.ok and r.speedup and r.accuracy_drop is not None]
-    if len(ok) < MIN_TRIALS:
+    if prior is None and len(ok) < MIN_TRIALS:
         return None
     rows = [_plan_columns(r.plan, knob_defaults) for r in ok]
-    saving = _fit(rows, np.array([1.0 - 1.0 / r.speedup for r in ok]), ridge)
+    saving_prior = drop_priors = None
+    if prior is not None:
+        saving_prior = {("layer", name, "int8"): float(v) for name, v in zip(layer_names, prior.saving, strict=True)}
+        drop_priors = {}
+    saving = _fit(rows, np.array([1.0 - 1.0 / r.speedup for r in ok]), ridge, saving_prior, prior_weight)
     drop_targets = np.array([r.accuracy_drop for r in ok])
     settings: dict[tuple[Any, ...], list[int]] = {}
+    if prior is not None:
+        settings[tuple(knob_defaults.get(name) for name in accuracy_knobs)] = []
     for index, result in enumerate(ok):
         settings.setdefault(tuple(result.plan.knob(name) for name in accuracy_knobs), []).append(index)
-    drops = {
-        setting: _fit([[k for k in rows[i] if k[0] == "layer"] for i in members], drop_targets[members], ridge)
-        for setting, members in settings.items()
-        if len(members) >= MIN_TRIALS
-    }
-    pooled = _fit(rows, drop_targets, ridge)
+    drops = {}
+    for setting, members in settings.items():
+        terms = _setting_prior(prior, layer_names, dict(zip(accuracy_knobs, setting, strict=True)))
+        if drop_priors is not None and terms:
+            drop_priors[setting] = terms
+        if len(members) >= MIN_TRIALS or terms:
+            member_rows = [[k for k in rows[i] if k[0] == "layer"] for i in members]
+            drops[setting] = _fit(member_rows, drop_targets[members], ridge, terms, prior_weight)
+    default = tuple(knob_defaults.get(name) for name in accuracy_knobs)
+    pooled = _fit(rows, drop_targets, ridge, (drop_priors or {}).get(default), prior_weight)
     return Surrogate(saving, drops, pooled, tuple(accuracy_knobs), dict(knob_defaults), len(ok))
+
+
+def _setting_prior(
+    prior: LayerPrior | None, layer_names: Sequence[str], setting: Mapping[str, Any]
+) -> dict[tuple[str, str, Any], float] | None:
+    """The prior INT8 drop terms of one setting of the accuracy knobs, or None."""
+    if prior is None:
+        return None
+    drop = prior.drop(setting.get(CALIBRATION_KNOB), setting.get(GRANULARITY_KNOB))
+    if drop is None:
+        return None
+    return {("layer", name, "int8"): float(v) for name, v in zip(layer_names, drop, strict=True)}
 
 
 ACCURACY_KNOBS = (CALIBRATION_KNOB, GRANULARITY_KNOB)
@@ -213,6 +292,9 @@ class RefittedEstimates:
         every: Refit after this many new trials.
         count: How many trials there are, without reading them (a store's row count); default ``len(trials())``.
             The env asks for the estimates every episode: only a refit should read every trial.
+        prior_inputs: Single-layer errors and runtime shares: every fit shrinks toward the priors they give
+            (:func:`autotune.search.prior.layer_prior`, rescaled on the trials so far); None: toward 0.
+        prior_weight: How many trials' worth the prior counts per term.
     """
 
     def __init__(
@@ -222,20 +304,43 @@ class RefittedEstimates:
         knob_defaults: Mapping[str, Any],
         every: int = 5,
         count: Callable[[], int] | None = None,
+        prior_inputs: PriorInputs | None = None,
+        prior_weight: float = PRIOR_WEIGHT,
     ):
         self.trials = trials
         self.count = count or (lambda: len(trials()))
         self.layer_names = list(layer_names)
         self.knob_defaults = dict(knob_defaults)
         self.every = every
+        self.prior_inputs = prior_inputs
+        self.prior_weight = prior_weight
         self._fitted_at = -every
         self._estimates: LayerEstimates | None = None
 
+    def prior(self, trials: Sequence[TrialResult] | None = None) -> LayerPrior | None:
+        """The per-layer priors, scaled on ``trials`` (default: all so far); None without prior inputs."""
+        if self.prior_inputs is None:
+            return None
+        return layer_prior(self.prior_inputs, self.trials() if trials is None else trials, self.knob_defaults)
+
     def estimates(self) -> LayerEstimates | None:
-        """The per-layer estimates, or None while there are too few trials."""
+        """The per-layer estimates, or None while there are too few trials (and no prior)."""
         if self.count() - self._fitted_at >= self.every:
             trials = self.trials()
-            self._estimates = fit_additive(self.layer_names, dominant_setting(trials, ACCURACY_KNOBS))
+            dominant = dominant_setting(trials, ACCURACY_KNOBS)
+            prior = self.prior(trials)
+            layer_prior_terms = None
+            if prior is not None:
+                plan = dominant[0].plan if dominant else None
+                setting = {
+                    name: plan.knob(name, self.knob_defaults.get(name)) if plan else self.knob_defaults.get(name)
+                    for name in ACCURACY_KNOBS
+                }
+                drop = prior.drop(setting[CALIBRATION_KNOB], setting[GRANULARITY_KNOB])
+                layer_prior_terms = (prior.saving, drop)
+            self._estimates = fit_additive(
+                self.layer_names, dominant, prior=layer_prior_terms, prior_weight=self.prior_weight
+            )
             self._fitted_at = len(trials)
         return self._estimates
 
@@ -245,4 +350,12 @@ class RefittedEstimates:
 
     def surrogate(self) -> Surrogate | None:
         """The additive model of whole plans over every trial so far, or None while there are too few."""
-        return fit_surrogate(self.trials(), self.knob_defaults, ACCURACY_KNOBS)
+        trials = self.trials()
+        return fit_surrogate(
+            trials,
+            self.knob_defaults,
+            ACCURACY_KNOBS,
+            prior=self.prior(trials),
+            layer_names=self.layer_names,
+            prior_weight=self.prior_weight,
+        )

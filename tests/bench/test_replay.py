@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from autotune.config import dump_config
 from autotune.store import TrialStore
@@ -50,3 +51,38 @@ def test_replay_names_the_fix_when_the_stores_hold_too_few_trials(tmp_path):
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
     assert done.returncode != 0 and "too few successful trials" in done.stderr
+
+
+def test_replay_compares_every_strategy_by_builds_to_reach_greedys_result(tmp_path):
+    import json
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(dump_config(tiny_config(tmp_path, budget={"builds": 12})))
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    rng = np.random.default_rng(0)
+    store_path = tmp_path / "old-run" / "trials.sqlite"
+    store_path.parent.mkdir()
+    with TrialStore(store_path) as store:
+        for _ in range(30):
+            store.put(evaluate(space.plan({n: "int8" for n in space.layer_names if rng.random() < 0.5})))
+    out = tmp_path / "curves.json"
+    command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(store_path)]
+    command += ["--set", "ppo.episodes_per_update=2", "--set", "ppo.imagined_episodes=4", "--seeds", "0", "1"]
+    command += ["--strategies", "ppo", "greedy", "random", "--out", str(out)]
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split(" | ")[0].strip("| "): line for line in done.stdout.splitlines() if line.startswith("| ")}
+    assert {"ppo", "greedy", "random"} <= set(rows)
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    assert sorted((r["strategy"], r["seed"]) for r in runs) == sorted(
+        (s, seed) for s in ("ppo", "greedy", "random") for seed in (0, 1)
+    )
+    for run in runs:
+        curve = run["best_so_far"]
+        assert len(curve) == run["builds"] <= 12
+        assert all(a <= b for a, b in zip(curve, curve[1:], strict=False))  # best so far never falls
+    greedy_best = sorted(r["best_speedup_within_budget"] for r in runs if r["strategy"] == "greedy")
+    assert data["target"] == pytest.approx(0.98 * float(np.median(greedy_best)))

@@ -70,3 +70,22 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
         assert row["plan"] == Plan.from_dict(exported).describe()
         assert row["speedup"] > 0 and row["error"] is None
     assert "| random | 2 |" in (out / "reevaluated.md").read_text()
+
+
+def test_the_table_times_every_strategy_against_greedys_confirmed_speedup():
+    from bench.run import greedy_rows
+
+    def run(strategy, confirmed, curve):
+        return {"strategy": strategy, "confirmed_winner": {"speedup": confirmed}, "speedup_curve": curve}
+
+    results = [
+        run("greedy", 2.0, [1.0, 1.5, 1.99]),
+        run("ppo", 2.1, [1.0, 1.97, 2.1]),
+        run("ppo", 2.0, [1.0, 1.0, 1.5]),
+    ]
+    lines = greedy_rows(results)
+    assert "(1.96x)" in lines[1]
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[3:]}
+    assert rows["greedy"].endswith("| 3 |")
+    assert rows["ppo"].endswith("| 2 (1/2 never) |")
+    assert greedy_rows([run("ppo", 2.0, [1.0])]) == []

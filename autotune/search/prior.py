@@ -1,0 +1,209 @@
+"""What is known of every layer before the first build: prior savings and drops. Pure.
+
+The layerwise calibration already quantizes each layer alone and measures the model output's error
+(noise-to-signal power against FP32, :mod:`autotune.quant.layerwise`), and the FP32 profile gives each layer's
+share of the runtime. Both are close to what the additive model of the trials estimates per layer, up to one scale
+each: the configured metric's drop per unit of output error, and the fraction of a layer's time that INT8 saves.
+Each scale is a one-parameter least-squares fit through the origin over the trials so far (the all-INT8 plan,
+built first by every search, fixes both), so every real trial corrects the mapping; before any trial a default
+stands in (:data:`DEFAULT_DROP_PER_ERROR`, :data:`DEFAULT_INT8_SAVING`).
+
+The additive fit (:mod:`autotune.search.estimate`) then shrinks toward these priors instead of toward zero: with
+no trials it returns the prior, with many the data's own fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.trial import TrialResult
+
+LAYERWISE = "layerwise"
+"""The calibration knob value whose per-layer errors are those of each layer's chosen method (as in quant)."""
+
+DEFAULT_DROP_PER_ERROR = {"cosine": 0.5}
+"""Metric drop per unit of output noise-to-signal power before any trial. For small noise, ``1 - cos(y, y + n)`` is
+about ``|n_perp|^2 / (2 |y|^2)``: half the noise-to-signal power. Other metrics have no default: their scale comes
+from the first trial."""
+
+DEFAULT_INT8_SAVING = 0.5
+"""Fraction of a layer's FP32 time INT8 saves, before any trial (the all-INT8 build replaces it)."""
+
+
+@dataclass(frozen=True)
+class PriorInputs:
+    """What a run knows per layer before building anything.
+
+    Attributes:
+        layer_names: Every tunable layer, in table order.
+        runtime_shares: Per layer, its share of FP32 runtime from the profile (None where not profiled).
+        errors: Per layer, ``{calibration method: single-layer output error}`` (layerwise calibration).
+        chosen: Per layer, the method the layerwise calibration chose.
+        metric: The configured metric's name (picks the default error-to-drop scale).
+        default_granularity: The weight granularity the single-layer errors were measured with.
+    """
+
+    layer_names: tuple[str, ...]
+    runtime_shares: tuple[float | None, ...]
+    errors: Mapping[str, Mapping[str, float]]
+    chosen: Mapping[str, str]
+    metric: str
+    default_granularity: str | None = "per_channel"
+
+    def layer_errors(self, calibration: str) -> np.ndarray | None:
+        """Per layer, the single-layer output error of a calibration setting; None where none was measured."""
+        if not self.errors:
+            return None
+        values = []
+        for name in self.layer_names:
+            by_method = self.errors.get(name)
+            if by_method is None:
+                values.append(0.0)  # a layer the calibration never quantized alone: no INT8 option, no term
+                continue
+            method = self.chosen.get(name) if calibration == LAYERWISE else calibration
+            if method not in by_method:
+                return None
+            values.append(float(by_method[method]))
+        return np.array(values)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (what a run keeps in its store's meta, for the replay)."""
+        return {
+            "layer_names": list(self.layer_names),
+            "runtime_shares": list(self.runtime_shares),
+            "errors": {k: dict(v) for k, v in self.errors.items()},
+            "chosen": dict(self.chosen),
+            "metric": self.metric,
+            "default_granularity": self.default_granularity,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> PriorInputs:
+        """Reads :meth:`to_dict` output."""
+        return cls(
+            tuple(data["layer_names"]),
+            tuple(data["runtime_shares"]),
+            {str(k): {str(m): float(e) for m, e in v.items()} for k, v in data["errors"].items()},
+            {str(k): str(v) for k, v in data["chosen"].items()},
+            str(data["metric"]),
+            data.get("default_granularity", "per_channel"),
+        )
+
+
+@dataclass(frozen=True)
+class LayerPrior:
+    """Per-layer prior savings and drops, for the trials so far.
+
+    Attributes:
+        saving: Per layer, the fraction of FP32 latency saved when it alone is INT8.
+        drops: Per calibration method with measured single-layer errors, the per-layer drop in metric units
+            (weights at the default granularity).
+        drop_per_error: The fitted metric drop per unit of output error (None: no trial and no default).
+        saving_per_share: The fitted fraction of a layer's FP32 time INT8 saves.
+        granularity: The weight granularity ``drops`` hold for (None: the space has no such knob).
+    """
+
+    saving: np.ndarray
+    drops: Mapping[str, np.ndarray]
+    drop_per_error: float | None
+    saving_per_share: float
+    granularity: str | None
+
+    def drop(self, calibration: object, granularity: object) -> np.ndarray | None:
+        """Per-layer prior drops of one setting of the accuracy knobs, or None where nothing was measured."""
+        if granularity != self.granularity:
+            return None
+        return self.drops.get(str(calibration))
+
+
+def _slope_through_origin(features: Sequence[float], targets: Sequence[float]) -> float | None:
+    """``k`` minimising ``sum (target - k feature)^2``; None when no feature is positive."""
+    x, y = np.asarray(features, dtype=float), np.asarray(targets, dtype=float)
+    denominator = float(x @ x)
+    return float(x @ y) / denominator if denominator > 0 else None
+
+
+def layer_prior(
+    inputs: PriorInputs,
+    results: Iterable[TrialResult],
+    knob_defaults: Mapping[str, object],
+    calibration_knob: str = "calibration",
+    granularity_knob: str = "weight_granularity",
+) -> LayerPrior:
+    """The per-layer priors, with both scales fitted on the successful trials so far.
+
+    Args:
+        inputs: Single-layer errors and runtime shares.
+        results: Trials so far; failed ones are skipped.
+        knob_defaults: Each knob's default (a plan without a calibration knob uses the default).
+        calibration_knob: The knob naming the calibration method.
+        granularity_knob: The knob naming the weight granularity.
+
+    Returns:
+        The prior. The drop scale is fitted on trials at the errors' granularity whose calibration has measured
+        errors; the saving scale on every successful trial.
+    """
+    names = list(inputs.layer_names)
+    index = {name: i for i, name in enumerate(names)}
+    shares = np.array([share or 0.0 for share in inputs.runtime_shares])
+    errors_by_method: dict[str, np.ndarray] = {}
+    error_features, drop_targets, share_features, saving_targets = [], [], [], []
+    for result in results:
+        if not result.ok or not result.speedup or result.accuracy_drop is None:
+            continue
+        quantized = [index[n] for n, p in result.plan.precisions if p != "fp32" and n in index]
+        share_features.append(float(shares[quantized].sum()))
+        saving_targets.append(1.0 - 1.0 / result.speedup)
+        if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != inputs.default_granularity:
+            continue
+        method = str(result.plan.knob(calibration_knob, knob_defaults.get(calibration_knob)))
+        if method not in errors_by_method:
+            layer_errors = inputs.layer_errors(method)
+            if layer_errors is None:
+                continue
+            errors_by_method[method] = layer_errors
+        error_features.append(float(errors_by_method[method][quantized].sum()))
+        drop_targets.append(result.accuracy_drop)
+    drop_scale = _slope_through_origin(error_features, drop_targets)
+    if drop_scale is None:
+        drop_scale = DEFAULT_DROP_PER_ERROR.get(inputs.metric)
+    saving_scale = _slope_through_origin(share_features, saving_targets)
+    saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, 0.0, 1.0))
+    drops: dict[str, np.ndarray] = {}
+    if drop_scale is not None:
+        methods = {m for by_method in inputs.errors.values() for m in by_method} | {LAYERWISE}
+        for method in sorted(methods):
+            layer_errors = errors_by_method.get(method)
+            if layer_errors is None:
+                layer_errors = inputs.layer_errors(method)
+            if layer_errors is not None:
+                drops[method] = max(drop_scale, 0.0) * layer_errors
+    return LayerPrior(saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity)
+
+
+def unsure_groups(
+    groups: Sequence[Sequence[int]], drop: np.ndarray | None, budget: float, resolution: float = 1.0
+) -> list[int]:
+    """The decision groups whose prior drop leaves the choice open: the ones worth a probe build.
+
+    A group whose prior drop is below ``budget / len(groups)`` costs too little to matter even if quantized with
+    every other; one whose drop exceeds twice the budget breaks it alone even if the prior is off by 2x. Only the
+    groups between are probed (all of them without a drop prior).
+
+    Args:
+        groups: The search space's decision groups (layer indexes).
+        drop: Per-layer prior drops, or None.
+        budget: The accuracy drop the search aims at.
+        resolution: Scales the "too little to matter" bound.
+
+    Returns:
+        Indexes into ``groups``.
+    """
+    if drop is None or budget <= 0:
+        return list(range(len(groups)))
+    low, high = resolution * budget / max(1, len(groups)), 2.0 * budget
+    group_drops = [float(drop[list(group)].sum()) for group in groups]
+    return [g for g, value in enumerate(group_drops) if low <= value <= high]

@@ -1,0 +1,104 @@
+import numpy as np
+import pytest
+
+from autotune.plan import Plan
+from autotune.search.design import model_best_plan, probe_plans
+from autotune.search.estimate import fit_additive, fit_surrogate, ridge_least_squares
+from autotune.search.prior import DEFAULT_DROP_PER_ERROR, DEFAULT_INT8_SAVING, PriorInputs, layer_prior, unsure_groups
+from autotune.testing import tiny_space
+from autotune.trial import TrialResult
+
+NAMES = ("a", "b", "c", "d")
+SHARES = (0.1, 0.4, 0.2, 0.3)
+ERRORS = {"a": 1e-4, "b": 4e-3, "c": 1e-6, "d": 2e-3}
+DEFAULTS = {"calibration": "layerwise", "weight_granularity": "per_channel"}
+
+
+def _inputs(metric="cosine"):
+    errors = {name: {"max": 2 * e, "percentile": e} for name, e in ERRORS.items()}
+    chosen = dict.fromkeys(NAMES, "percentile")
+    return PriorInputs(NAMES, SHARES, errors, chosen, metric)
+
+
+def _trial(quantized, drop_per_error=0.3, saving_per_share=0.6, calibration="layerwise"):
+    plan = Plan.make({n: ("int8" if n in quantized else "fp32") for n in NAMES}, {"calibration": calibration})
+    saved = saving_per_share * sum(SHARES[NAMES.index(n)] for n in quantized)
+    factor = 2 if calibration == "max" else 1
+    drop = drop_per_error * factor * sum(ERRORS[n] for n in quantized)
+    return TrialResult(plan=plan, speedup=1 / (1 - saved), accuracy_drop=drop)
+
+
+def test_ridge_toward_a_prior_returns_the_prior_without_rows_and_the_data_fit_with_many():
+    prior = np.array([0.1, -0.2, 0.3])
+    assert np.allclose(ridge_least_squares(np.zeros((0, 3)), np.zeros(0), 2.0, prior), prior)
+    rng = np.random.default_rng(0)
+    design = rng.integers(0, 2, size=(4000, 3)).astype(float)
+    truth = np.array([0.5, 0.05, -0.4])
+    targets = design @ truth + rng.normal(0, 0.01, 4000)
+    fitted = ridge_least_squares(design, targets, 2.0, prior)
+    least_squares = np.linalg.lstsq(design, targets, rcond=None)[0]
+    assert np.allclose(fitted, least_squares, atol=2e-3)
+    assert not np.allclose(ridge_least_squares(design[:3], targets[:3], 2.0, prior), least_squares, atol=2e-3)
+
+
+def test_fit_additive_with_a_prior_and_no_trial_is_the_prior():
+    saving, drop = np.array([0.01, 0.2, 0.05, 0.1]), np.array([1e-5, 1e-3, 0.0, 5e-4])
+    estimates = fit_additive(list(NAMES), [], prior=(saving, drop))
+    assert estimates is not None and estimates.trials == 0
+    assert np.allclose(estimates.saving, saving) and np.allclose(estimates.drop, drop)
+    assert fit_additive(list(NAMES), []) is None  # without a prior, too few trials give nothing
+
+
+def test_the_prior_maps_errors_and_shares_with_scales_every_trial_corrects():
+    before = layer_prior(_inputs(), [], DEFAULTS)
+    assert before.drop_per_error == DEFAULT_DROP_PER_ERROR["cosine"]
+    assert np.allclose(before.saving, DEFAULT_INT8_SAVING * np.array(SHARES))
+    assert np.allclose(before.drop("layerwise", "per_channel"), 0.5 * np.array([ERRORS[n] for n in NAMES]))
+    assert np.allclose(before.drop("max", "per_channel"), 0.5 * 2 * np.array([ERRORS[n] for n in NAMES]))
+    assert before.drop("layerwise", "per_tensor") is None  # the errors were measured per channel
+
+    after = layer_prior(_inputs(), [_trial(NAMES), _trial({"b", "c"}), _trial({"a"}, calibration="max")], DEFAULTS)
+    assert after.drop_per_error == pytest.approx(0.3)
+    assert after.saving_per_share == pytest.approx(0.6)
+    assert np.allclose(after.drop("layerwise", "per_channel"), 0.3 * np.array([ERRORS[n] for n in NAMES]))
+
+    # a metric without a default scale has no drop prior until a trial gives one
+    assert layer_prior(_inputs("top1"), [], DEFAULTS).drop("layerwise", "per_channel") is None
+    assert layer_prior(_inputs("top1"), [_trial(NAMES)], DEFAULTS).drop_per_error == pytest.approx(0.3)
+
+
+def test_the_surrogate_starts_from_the_prior_and_its_best_plan_spares_the_sensitive_layers():
+    space = tiny_space()
+    names = space.layer_names
+    errors = dict(zip(names, (1e-4, 4e-3, 1e-6, 2e-3), strict=True))
+    inputs = PriorInputs(
+        tuple(names), SHARES, {n: {"max": e} for n, e in errors.items()}, dict.fromkeys(names, "max"), "cosine"
+    )
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    prior = layer_prior(inputs, [], defaults)
+    model = fit_surrogate([], defaults, prior=prior, layer_names=names)
+    assert model is not None
+    plan = space.plan({names[0]: "int8", names[1]: "int8"})
+    speedup, drop = model.predict(plan)
+    assert speedup == pytest.approx(1 / (1 - prior.saving[0] - prior.saving[1]))
+    assert drop == pytest.approx(0.5 * (errors[names[0]] + errors[names[1]]))
+    best = model_best_plan(model, space, budget=0.5 * 1.2e-3)  # room for every layer but the two sensitive ones
+    assert {n for n, p in best.precisions if p != "fp32"} == {names[0], names[2]}
+
+
+def test_only_the_groups_the_prior_leaves_open_are_probed():
+    space = tiny_space()
+    drop = np.array([1e-6, 3e-3, 6e-4, 1e-1])  # negligible, unsure, unsure, breaks the budget alone
+    open_groups = unsure_groups(space.groups, drop, budget=2e-3)
+    assert open_groups == [1, 2]
+    assert unsure_groups(space.groups, None, budget=2e-3) == [0, 1, 2, 3]
+    plans = probe_plans(space, 8, varied=open_groups, lowered_always=[0])
+    names = space.layer_names
+    assert all(plan.precision_map[names[0]] != "fp32" for plan in plans)
+    assert all(plan.precision_map[names[3]] == "fp32" for plan in plans)
+    assert {(plan.precision_map[names[1]], plan.precision_map[names[2]]) for plan in plans} == {
+        ("int8", "int8"),
+        ("int8", "fp32"),
+        ("fp32", "int8"),
+        ("fp32", "fp32"),
+    }
