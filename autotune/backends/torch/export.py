@@ -146,9 +146,10 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         quantized_gemm=quantized_gemm,
     )
     if quantized_gemm == TORCHAO:
-        # torchao's quantized weights are tensor subclasses: unpickled as such, and put in place of the
-        # placeholders (assign), as torchao's own serialization does.
-        state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=False)
+        # torchao's quantized weights are tensor subclasses (torchao registers them as safe globals, so
+        # weights_only loading takes them), put in place of the placeholders (assign), as torchao's own
+        # serialization does.
+        state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
         module.load_state_dict(state, strict=True, assign=True)
     else:
         state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
