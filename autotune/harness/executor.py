@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from multiprocessing.connection import wait
@@ -52,7 +53,7 @@ def core_groups(workers: int, cores_per_worker: int, available: list[int] | None
     return [cpus[i * cores_per_worker : (i + 1) * cores_per_worker] for i in range(workers)]
 
 
-class Pool:
+class Pool(ABC):
     """Workers that answer requests; subclasses say how a worker is started, sent a request and waited for.
 
     Args:
@@ -66,25 +67,25 @@ class Pool:
         self.timeout_s = config.backend.timeout_s
         self.replaced = 0  # workers replaced after a crash or a timeout
 
+    @abstractmethod
     def start(self) -> None:
         """Starts every worker; the first prepares alone, so the calibration is computed once."""
-        raise NotImplementedError
 
+    @abstractmethod
     def close(self) -> None:
         """Stops every worker."""
-        raise NotImplementedError
 
+    @abstractmethod
     def send(self, worker: int, kind: str, payload: Any) -> None:
         """Sends one request to a worker, without waiting (a stopped worker is started first)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def collect(self, busy: dict[int, float]) -> list[tuple[int, Outcome]]:
         """Waits until a busy worker answers or passes its deadline (monotonic time); returns what ended."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _abandon(self, worker: int) -> None:
         """Stops a worker whose answer nobody will read (it is started afresh on its next request)."""
-        raise NotImplementedError
 
     def call(self, kind: str, payload: Any) -> Outcome:
         """One request on the first worker while the others are idle (confirmation, references, export)."""
