@@ -162,7 +162,7 @@ def test_gpu_max_autotune_with_gemm_backends(cuda_runner):
 # ---- a search -----------------------------------------------------------------------------------------------
 
 
-def test_a_search_on_the_torch_backend_starts_from_every_uniform_precision(tmp_path):
+def test_a_search_on_the_torch_backend_seeds_whole_model_floats_then_quantized_plans_on_the_faster_base(tmp_path):
     from autotune.store import TrialStore
     from autotune.tune import tune
 
@@ -173,5 +173,10 @@ def test_a_search_on_the_torch_backend_starts_from_every_uniform_precision(tmp_p
     space = analyze(config, profile=False)[1]
     offered = [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in c for c in space.choices)]
     assert len(offered) >= 3  # int8, fp16 and bf16 run on every CPU torch
-    assert [t.plan for t in trials[: len(offered)]] == [space.uniform(p) for p in offered]
+    floats = [space.uniform(p) for p in offered if p in ("fp16", "bf16")]
+    assert [t.plan for t in trials[: len(floats)]] == floats
+    fastest = max(trials[: len(floats)], key=lambda t: t.speedup).plan.knob("base_precision")
+    assert fastest in ("fp16", "bf16")
+    quantized = [space.uniform(p, {"base_precision": fastest}) for p in offered if p in ("int8", "fp8")]
+    assert [t.plan for t in trials[len(floats) : len(offered)]] == quantized
     assert len(trials) == 6 and summary["builds"] == 6
