@@ -171,7 +171,7 @@ def _uniform_seed_rounds(space: SearchSpace) -> tuple[list[Plan], list[str]]:
     measures its GEMMs where the FP32 rest of the model sets the latency: on an H200 the BERT-large-shaped encoder
     ran all-FP8 at 7.34x FP32 on an FP32 base, below all-FP16 (7.78x), while on a BF16 base with SDPA all-FP8 is
     1.34x BF16 (docs/benchmarks.md). So the quantized seeds are built on the faster float seed's base, the base a
-    user would deploy them on. Without such a knob every seed is built at once, as before.
+    user would deploy them on. Without such a knob every seed is built in one round.
     """
     precisions = _uniform_seeds(space)
     bases = [knob for knob in space.knobs if knob.follows_precision]
