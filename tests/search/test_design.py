@@ -145,3 +145,52 @@ def test_the_model_plan_skips_plans_already_measured():
         (model.predict(p)[0] for p in others if p.hash != best.hash and model.predict(p)[1] <= 1.5),
     )
     assert model.predict(second)[0] == pytest.approx(runner_up)
+
+
+class _BaseAndOverrides:
+    """An additive model of a GPU-like space: a whole-model base, per-layer overrides, an attention knob.
+
+    Savings (fractions of FP32 time) per whole-module base and per layer override over that base, like the
+    BERT-large-shaped encoder on an H200: BF16 is the fastest base, INT8 overrides are slower than BF16 there,
+    FP8 overrides faster but each costs accuracy, and SDPA saves more than any precision.
+    """
+
+    base_saving = {"fp32": 0.0, "fp16": 0.80, "bf16": 0.82}
+    override_saving = {"int8": -0.01, "fp8": 0.01, "fp16": 0.0, "bf16": 0.0, "fp32": -0.1}
+    fp8_drop = {f"mm{i}": 0.1 * (i + 1) for i in range(8)}
+
+    def predict(self, plan):
+        base = plan.knob("base_precision")
+        saving = self.base_saving[base] + (0.05 if plan.knob("attention") == "sdpa" else 0.0)
+        drop = 0.0
+        for name, precision in plan.precisions:
+            if precision != base:
+                saving += self.override_saving[precision]
+            if precision == "fp8":
+                drop += self.fp8_drop[name]
+            elif precision == "int8":
+                drop += 0.01
+        return 1.0 / (1.0 - saving), drop
+
+
+def _gpu_space() -> SearchSpace:
+    from autotune.capabilities import Knob
+
+    table = _wide_space(8).layers
+    floats = ("fp32", "fp16", "bf16")
+    knobs = (
+        Knob("base_precision", floats, "dtype of the whole module", follows_precision=True),
+        Knob("attention", ("eager", "sdpa"), "attention implementation"),
+    )
+    return SearchSpace(table, tuple((*floats, "int8", "fp8") for _ in table), knobs)
+
+
+def test_the_model_plan_chooses_the_base_the_override_precision_and_the_knobs_where_a_knob_follows_precision():
+    space, model = _gpu_space(), _BaseAndOverrides()
+    plan = model_best_plan(model, space, budget=1.05)
+    assert plan.knob_map == {"base_precision": "bf16", "attention": "sdpa"}
+    # FP8 on the least sensitive layers while their drops fit (0.1 + 0.2 + 0.3 + 0.4 = 1.0), BF16 elsewhere
+    assert plan.precision_map == {f"mm{i}": "fp8" if i < 4 else "bf16" for i in range(8)}
+    assert model.predict(plan)[1] <= 1.05
+    # nothing fits but the floats: the fastest whole-model float plan, its knobs included
+    assert model_best_plan(model, space, budget=0.05) == space.uniform("bf16", {"attention": "sdpa"})
