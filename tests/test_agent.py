@@ -162,3 +162,21 @@ def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_l
     }
     assert all(p.precision_map[names[1]] == "fp32" and p.precision_map[names[3]] == "int8" for p in probes)
     assert len(built) == 24
+
+
+def test_ctrl_c_during_a_checkpoint_save_waits_for_the_save_then_interrupts(tmp_path):
+    import os
+    import signal
+
+    from autotune import agent
+
+    class Model:
+        def save(self, path):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the write
+            with open(path, "wb") as file:
+                file.write(b"checkpoint")
+
+    with pytest.raises(KeyboardInterrupt):
+        agent.save_checkpoint(Model(), tmp_path)
+    assert (tmp_path / agent.LATEST).read_bytes() == b"checkpoint"  # the save finished first
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and Ctrl-C is back to normal

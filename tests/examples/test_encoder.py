@@ -130,7 +130,7 @@ def test_the_config_is_torchao_fp8_on_cuda_at_batch_128_and_agrees_with_its_data
     assert config.backend.options.model_dump() == {"device": "cuda", "quantized_gemm": "torchao"}
     assert config.search.op_types == ["MatMul"]
     assert config.search.knobs == {"mode": ["compile"], "cuda_graphs": [True]}
-    assert config.confirm.top_k == 3 and config.budget.builds > 0
+    assert config.confirm.top_k >= 1 and config.budget.builds > 0
     assert [(spec.name, tuple(spec.shape), spec.dtype) for spec in config.inputs] == [
         ("input_ids", (128, 128), "int64"),
         ("attention_mask", (128, 128), "int64"),
