@@ -26,7 +26,7 @@ from autotune.search.estimate import RefittedEstimates
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order, ranking
 from autotune.search.space import SearchSpace
-from autotune.search.strategies import SEARCHES, SearchContext, search_fixed
+from autotune.search.strategies import INDEPENDENT_SEARCHES, SEARCHES, SearchContext, search_fixed
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
@@ -206,7 +206,22 @@ def _build_uniform_seeds(space: SearchSpace, evaluator: Evaluator, evaluate: Any
     build([space.uniform(precision, following) for precision in quantized])
 
 
-def run_search(
+def _seeds_ahead(space: SearchSpace, strategy: str, workers: int) -> list[Plan]:
+    """The uniform seeds that head the search's first batch instead of being built in rounds of their own.
+
+    Only with several workers and a search of ``INDEPENDENT_SEARCHES`` (its proposals depend on no result): the
+    workers then take the seeds and the first searched plans in one stream, where a round of seeds alone would
+    leave all but a few of them idle (one all-INT8 plan on the ONNX Runtime CPU backend). None with one worker
+    (the seeds are built first, then the search, as always), for the searches that use the seeds' results, or where
+    the quantized seeds wait for the float seeds' results (``_uniform_seed_rounds``).
+    """
+    if workers <= 1 or strategy not in INDEPENDENT_SEARCHES:
+        return []
+    first, quantized = _uniform_seed_rounds(space)
+    return first if not quantized else []
+
+
+def search_with_seeds(
     config: TuneConfig,
     space: SearchSpace,
     evaluate: Any,
@@ -216,11 +231,43 @@ def run_search(
     resume: bool,
     evaluate_many: Any = None,
 ) -> None:
+    """The uniform seeds (``_uniform_seeds``), then the search, until the build budget is spent.
+
+    The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16) are the first trials
+    of every search: the references a user compares against, and data points for the per-layer estimates. They are
+    built in rounds of their own before the search, or, where ``_seeds_ahead`` says so, at the head of its first
+    batch. A precision strategy is its one uniform plan, with no seed.
+    """
+    ahead = _seeds_ahead(space, strategy, evaluator.workers)
+    if strategy not in PRECISIONS and not ahead:
+        _build_uniform_seeds(space, evaluator, evaluate, evaluate_many)
+    if evaluator.builds < config.budget.builds:
+        run_search(config, space, evaluate, evaluator, run, strategy, resume, evaluate_many, ahead)
+
+
+def run_search(
+    config: TuneConfig,
+    space: SearchSpace,
+    evaluate: Any,
+    evaluator: Evaluator,
+    run: RunDir,
+    strategy: str,
+    resume: bool,
+    evaluate_many: Any = None,
+    ahead: list[Plan] | None = None,
+) -> None:
     """Runs one search strategy until the build budget is spent.
 
     ``evaluate_many`` (plans and a build limit to results in completion order) lets the searches keep
-    ``evaluator.workers`` builds running at once.
+    ``evaluator.workers`` builds running at once; ``ahead`` are plans a search of ``INDEPENDENT_SEARCHES`` builds
+    in the same stream as its first plans, ahead of them.
+
+    Raises:
+        ConfigError: The strategy is unknown.
+        ValueError: ``ahead`` is given to a strategy that would not build it.
     """
+    if ahead and strategy not in INDEPENDENT_SEARCHES:
+        raise ValueError(f"strategy {strategy!r} builds the seeds in a round of their own, not ahead of its plans")
     if strategy == "ppo":
         from autotune.agent import train
 
@@ -260,6 +307,7 @@ def run_search(
         stall=config.budget.stall_episodes,
         evaluate_many=evaluate_many,
         workers=evaluator.workers,
+        ahead=list(ahead or []),
     )
     if strategy in PRECISIONS:
         search_fixed(context, strategy)
@@ -341,15 +389,9 @@ def tune(
                         yield result
 
                 try:
-                    if strategy not in PRECISIONS:
-                        # The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16)
-                        # are the first trials of every search: the references a user compares against, and data
-                        # points for the per-layer estimates.
-                        _build_uniform_seeds(space, evaluator, evaluate, evaluate_many)
-                    if evaluator.builds < config.budget.builds:
-                        run_search(
-                            config, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
-                        )
+                    search_with_seeds(
+                        config, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
+                    )
                 except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
                     store.set_meta("wall_s", wall_before + time.time() - started)
                     raise

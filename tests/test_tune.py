@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import signal
@@ -11,10 +12,11 @@ import onnxruntime as ort
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from autotune.api import analyze
 from autotune.config import ConfigError, dump_config, load_config
 from autotune.store import TrialStore
-from autotune.testing import tiny_config
-from autotune.tune import tune
+from autotune.testing import synthetic_evaluator, tiny_config
+from autotune.tune import search_with_seeds, tune
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -312,3 +314,57 @@ def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
     missing = tiny_config(tmp_path, name="missing", from_runs=[str(tmp_path / "nope")])
     with pytest.raises(ConfigError, match="has no trials.sqlite"):
         tune(missing, isolate=False, progress=False)
+
+
+class _RecordingEvaluator:
+    """Stands in for ``Evaluator`` in ``search_with_seeds``: the synthetic results, and every hand-over recorded."""
+
+    def __init__(self, config, space, workers):
+        self.config = config
+        self.workers = workers
+        self.inner = synthetic_evaluator(space)
+        self.results = {}
+        self.handed = []  # ("one", [plan]) per evaluate, ("many", plans) per evaluate_many
+
+    @property
+    def builds(self):
+        return len(self.results)
+
+    def _result(self, plan):
+        if plan.hash not in self.results:
+            self.results[plan.hash] = self.inner(plan)
+        return self.results[plan.hash]
+
+    def evaluate(self, plan):
+        self.handed.append(("one", [plan]))
+        return self._result(plan)
+
+    def evaluate_many(self, plans, limit):
+        self.handed.append(("many", list(plans)))
+        unique = list(dict((plan.hash, plan) for plan in plans).values())
+        hits = [
+            dataclasses.replace(self.results[plan.hash], from_store=True)
+            for plan in unique
+            if plan.hash in self.results
+        ]
+        fresh = [plan for plan in unique if plan.hash not in self.results][:limit]
+        return hits + [self._result(plan) for plan in fresh]
+
+
+@pytest.mark.parametrize("strategy", ["random", "greedy"])
+def test_seeds_travel_with_the_first_random_plans_on_several_workers_and_come_first_on_one(tmp_path, strategy):
+    config = tiny_config(tmp_path, budget={"builds": 8})
+    _, space = analyze(config)
+    seed = space.uniform("int8")  # the tiny model's one uniform seed on the ONNX Runtime CPU backend
+    one = _RecordingEvaluator(config, space, workers=1)
+    search_with_seeds(config, space, one.evaluate, one, None, strategy, False, one.evaluate_many)
+    assert one.handed[0] == ("one", [seed])  # one worker: the seed first, on its own, then the search
+    many = _RecordingEvaluator(config, space, workers=4)
+    search_with_seeds(config, space, many.evaluate, many, None, strategy, False, many.evaluate_many)
+    first_kind, first_plans = many.handed[0]
+    if strategy == "random":  # the seed heads the first batch, in one stream with the random plans
+        assert first_kind == "many" and first_plans[0] == seed and len(first_plans) == 8
+        assert list(many.results) == list(one.results)  # the same builds in the same order as with one worker
+    else:  # greedy starts from the seed's result: the seed round comes first
+        assert (first_kind, first_plans) == ("many", [seed])
+    assert many.builds == one.builds and many.builds <= 8

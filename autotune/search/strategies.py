@@ -3,6 +3,11 @@
 Every strategy gets the same ``SearchContext`` (the evaluator behind ``evaluate``: same store, same measurement
 protocol, same budget counted in builds). Store hits are free, so loops also stop after ``stall`` episodes in a
 row that built nothing.
+
+With several workers a strategy hands the pool several plans at once (``SearchContext.try_batch``), and the pool
+gives each to whichever worker comes free. A search whose proposals depend on no result (``INDEPENDENT_SEARCHES``)
+hands it the plans for the whole remaining budget, the uniform seeds at their head, so no worker waits for a
+round's slowest build.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ class SearchContext:
         stall: Episodes in a row without a new build after which a strategy gives up.
         evaluate_many: Plans and a build limit to results in completion order, built side by side (None: one
             at a time through ``evaluate``).
-        workers: Builds that run at once; strategies propose this many plans per round.
+        workers: Builds that run at once; strategies propose at least this many plans per round.
+        ahead: Plans to build before the strategy's own, in the same stream as its first plans (the uniform seeds
+            of a run with several workers). Only the searches of ``INDEPENDENT_SEARCHES`` take them.
     """
 
     config: TuneConfig
@@ -46,6 +53,7 @@ class SearchContext:
     stall: int = 400
     evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None = None
     workers: int = 1
+    ahead: list[Plan] = field(default_factory=list)
     _stalled: int = field(default=0, init=False)
 
     @property
@@ -56,6 +64,11 @@ class SearchContext:
     def exhausted(self) -> bool:
         """The budget is spent, or the strategy keeps proposing plans that were already measured."""
         return self.builds() >= self.budget or self._stalled >= self.stall
+
+    @property
+    def parallel(self) -> bool:
+        """Plans handed over together are built side by side (several workers, and ``evaluate_many`` to use them)."""
+        return self.evaluate_many is not None and self.workers > 1
 
     def try_plan(self, plan: Plan) -> TrialResult:
         """Evaluates a plan and keeps the stall count."""
@@ -68,9 +81,10 @@ class SearchContext:
         """Evaluates plans side by side, at most as many new builds as the budget has left, and keeps the stall count.
 
         With one worker, the plans are tried one by one while the budget lasts. Returns the results in the order
-        they completed (store hits first); a plan past the budget has none.
+        they completed (store hits first); a plan past the budget has none. For the stall count, a plan given twice
+        counts as a store hit the second time, as it would with one worker.
         """
-        if self.evaluate_many is None or self.workers <= 1:
+        if not self.parallel:
             results = []
             for plan in plans:
                 if self.exhausted():
@@ -78,6 +92,8 @@ class SearchContext:
                 results.append(self.try_plan(plan))
             return results
         results = list(self.evaluate_many(plans, max(0, self.budget - self.builds())))
+        evaluated = {result.plan_hash for result in results}
+        self._stalled += sum(plan.hash in evaluated for plan in plans) - len(evaluated)  # the repeats, yielded once
         for result in results:
             self._stalled = self._stalled + 1 if result.from_store else 0
         return results
@@ -93,14 +109,24 @@ def search_fixed(context: SearchContext, precision: str) -> None:
 
 
 def search_random(context: SearchContext) -> None:
-    """Uniformly random valid plans: each step picks uniformly among the options its mask allows."""
+    """Uniformly random valid plans: each step picks uniformly among the options its mask allows.
+
+    With one worker the plans are tried one at a time. With several, no proposal depends on a result, so the plans
+    for every build the budget has left go to the pool at once, behind ``context.ahead``, and each worker takes the
+    next one as it comes free; only store hits and repeats, which spend no build, bring another batch. A batch
+    holds no more plans than the builds left, so none is cut off by the build limit: a seed gives the same sequence
+    of plans, and the same builds, with one worker as with several.
+    """
     rng = np.random.default_rng(context.seed)
     steps = decisions(context.space)
+    ahead = list(context.ahead)
     while not context.exhausted():
-        batch = []
-        for _ in range(context.workers):
+        count = max(0, context.budget - context.builds() - len(ahead)) if context.parallel else 1
+        batch = ahead
+        for _ in range(count):
             actions = [int(rng.integers(len(step.options))) for step in steps]
             batch.append(plan_from_actions(context.space, steps, actions))
+        ahead = []
         context.try_batch(batch)
 
 
@@ -214,6 +240,10 @@ def _tell(study: object, trial: object, result: TrialResult, context: SearchCont
     trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.search_budget))
     study.tell(trial, math.log(result.speedup))
 
+
+INDEPENDENT_SEARCHES: frozenset[str] = frozenset({"random"})
+"""The searches whose proposals depend on no result: with several workers they take the uniform seeds in their
+first batch (``SearchContext.ahead``) instead of after a round of their own. The others use the seeds' results."""
 
 SEARCHES: dict[str, Callable[[SearchContext], None]] = {
     "random": search_random,

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from autotune.config import ConfigError
@@ -32,10 +34,33 @@ class Harness:
     def builds(self):
         return len(self.results)
 
+    def evaluate_many(self, plans, limit):
+        """As ``Evaluator.evaluate_many``: a plan given twice once, store hits first, at most ``limit`` builds."""
+        self.calls.append((list(plans), limit))
+        unique = list(dict((plan.hash, plan) for plan in plans).values())
+        hits = [
+            dataclasses.replace(self.results[plan.hash], from_store=True)
+            for plan in unique
+            if plan.hash in self.results
+        ]
+        fresh = [plan for plan in unique if plan.hash not in self.results][:limit]
+        return hits + [self.evaluate(plan) for plan in fresh]
 
-def _context(tmp_path, space, harness, builds=12, seed=0, accuracy_budget=0.01):
+
+def _context(tmp_path, space, harness, builds=12, seed=0, accuracy_budget=0.01, workers=1, ahead=()):
     config = tiny_config(tmp_path, budget={"builds": builds, "stall_episodes": 50}, accuracy_budget=accuracy_budget)
-    return strategies.SearchContext(config, space, harness.evaluate, harness.builds, seed=seed, stall=50)
+    harness.calls = []
+    return strategies.SearchContext(
+        config,
+        space,
+        harness.evaluate,
+        harness.builds,
+        seed=seed,
+        stall=50,
+        evaluate_many=harness.evaluate_many if workers > 1 else None,
+        workers=workers,
+        ahead=list(ahead),
+    )
 
 
 @pytest.mark.parametrize("name", ["random", "greedy", "optuna"])
@@ -55,6 +80,34 @@ def test_random_is_reproducible_by_seed(tmp_path, space):
         strategies.search_random(_context(tmp_path, space, harness, builds=6, seed=seed))
         runs.append([p.hash for p in harness.plans])
     assert runs[0] == runs[1] != runs[2]
+
+
+def test_random_with_several_workers_hands_the_pool_the_whole_budget_and_builds_what_one_worker_builds(tmp_path, space):
+    one = Harness(space)
+    strategies.search_random(_context(tmp_path, space, one, builds=20, seed=5))
+    many = Harness(space)
+    strategies.search_random(_context(tmp_path, space, many, builds=20, seed=5, workers=4))
+    # one call with a plan for every build, not a round of 4 plans waiting for its slowest build
+    first_plans, first_limit = many.calls[0]
+    assert first_limit == 20 and len(first_plans) == 20
+    # another call only for the builds that store hits and repeats left unspent, never a plan past the limit
+    assert all(len(plans) == limit for plans, limit in many.calls)
+    assert many.builds() == one.builds() == 20
+    assert list(many.results) == list(one.results)  # the same seed builds the same plans, in the same order
+    streamed = [p.hash for plans, _ in many.calls for p in plans]
+    assert streamed == [p.hash for p in one.plans]  # and proposes them in the same sequence
+
+
+def test_random_builds_the_plans_ahead_at_the_head_of_its_first_batch(tmp_path, space):
+    seeds = [space.uniform("int8"), space.uniform("fp32")]
+    many = Harness(space)
+    strategies.search_random(_context(tmp_path, space, many, builds=10, seed=2, workers=4, ahead=seeds))
+    first_plans, first_limit = many.calls[0]
+    assert first_plans[:2] == seeds and len(first_plans) == first_limit == 10  # seeds and 8 random plans at once
+    assert list(many.results)[:2] == [p.hash for p in seeds] and many.builds() == 10
+    one = Harness(space)
+    strategies.search_random(_context(tmp_path, space, one, builds=10, seed=2, ahead=seeds))
+    assert one.plans[:2] == seeds and list(one.results) == list(many.results)
 
 
 def test_greedy_starts_all_int8_and_reverts_the_most_sensitive_layer_first(tmp_path, space):
@@ -82,11 +135,13 @@ def test_optuna_survives_failed_builds(tmp_path, space):
     assert harness.builds() == 15 and "ok" in statuses
 
 
-def test_stall_stops_a_strategy_that_only_hits_the_store(tmp_path, space):
+@pytest.mark.parametrize("workers", [1, 4])
+def test_stall_stops_a_strategy_that_only_hits_the_store(tmp_path, space, workers):
     harness = Harness(space)
-    context = _context(tmp_path, space, harness, builds=10_000)
+    context = _context(tmp_path, space, harness, builds=10_000, workers=workers)
     strategies.search_random(context)  # the tiny space has a finite number of plans
     assert context.exhausted() and harness.builds() < 10_000
+    assert len(harness.calls) <= 2  # with several workers: the repeats of the first batch count as store hits
 
 
 @pytest.mark.parametrize("strategy", ["random", "greedy", "optuna", "int8"])
