@@ -352,7 +352,14 @@ def train(
                 # Dyna's planning step: the plan the model of the trials rates best, built for real; a
                 # wrong model is corrected by its own result, and the store answers a repeat for free.
                 known = measured() if measured is not None else ()
-                plans = _model_plans(current[0], space, config.search_budget, envs, config.seed + builds(), known)
+                plans = _model_plans(
+                    current[0],
+                    space,
+                    config.search_budget,
+                    envs * config.ppo.model_plans,
+                    config.seed + builds(),
+                    known,
+                )
                 _build_all(plans, evaluate, evaluate_many, builds, config.budget.builds)
                 if builds() >= config.budget.builds:  # a rollout would build at least one plan more
                     save_checkpoint(model, checkpoints, builds())

@@ -319,6 +319,8 @@ class PPOConfig(_Strict):
     build_model_plan: bool = True
     """After every rehearsal, also build the plan the additive model of the trials rates fastest within the search
     budget (a local search on the model; Dyna's planning step), outside PPO's rollouts."""
+    model_plans: int = Field(1, gt=0)
+    """Distinct plans of the model (its best unmeasured ones) built at each planning step, per worker."""
     priors: bool = True
     """Start the additive model from per-layer priors known before any build (single-layer output errors of the
     layerwise calibration, FP32 runtime shares; ``autotune/search/prior.py``): the model's first plan is built

@@ -21,7 +21,7 @@ settings, ``ppo-noprior`` the agent without per-layer priors, and the searches `
         --strategies ppo ppo-noprior greedy random optuna --seeds 0 1 2 3 4 5 6 7 8 9 --set budget.builds=48
 It prints, per strategy, the median [min, max] over seeds of the builds until the best plan within the search budget
 reaches 98 % of the simulator's greedy result (greedy's median over the seeds), and of the best speedup after 12,
-24 and all builds; ``--out FILE`` writes every best-so-far curve as JSON. The agent's priors come from the
+24, 48 and all builds; ``--out FILE`` writes every best-so-far curve as JSON. The agent's priors come from the
 stores' run meta (``prior_inputs``), else from the layerwise calibration cache of the config's model and the FP32
 profile.
 """
@@ -50,6 +50,9 @@ from autotune.trial import TrialResult
 
 TARGET = 0.98
 """The fraction of the simulator's greedy result a strategy is timed to reach."""
+
+CHECKPOINTS = (12, 24, 48)
+"""Builds after which the compared strategies' best plans are reported (the issue's 12 and greedy's 48)."""
 
 
 def replay(
@@ -186,12 +189,16 @@ def compare(args: argparse.Namespace, truth, space, prior) -> int:
         greedy = [r["best_speedup_within_budget"] or 1.0 for r in replay_greedy(args, truth, space)]
     target = TARGET * float(np.median(greedy))
     print(f"\ntarget: {TARGET:.0%} of the simulator's greedy result ({float(np.median(greedy)):.3f}x) = {target:.3f}x")
-    print("| strategy | builds to reach the target | best after 12 | best after 24 | best at the end |")
-    print("|---|---|---|---|---|")
+    print(
+        "| strategy | builds to reach the target | "
+        + " | ".join(f"best after {n}" for n in CHECKPOINTS)
+        + " | best at the end |"
+    )
+    print("|---|---|" + "---|" * (len(CHECKPOINTS) + 1))
     for strategy in args.strategies:
         mine = [r for r in runs if r["strategy"] == strategy]
         reach = [next((i + 1 for i, v in enumerate(r["best_so_far"]) if v >= target), None) for r in mine]
-        at = [[r["best_so_far"][min(n, len(r["best_so_far"])) - 1] for r in mine] for n in (12, 24, 10**9)]
+        at = [[r["best_so_far"][min(n, len(r["best_so_far"])) - 1] for r in mine] for n in (*CHECKPOINTS, 10**9)]
         print(f"| {strategy} | {_median_cell(reach)} | " + " | ".join(_median_cell(a) for a in at) + " |")
     if args.out:
         Path(args.out).write_text(json.dumps({"target": target, "runs": runs}, indent=1))

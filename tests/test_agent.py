@@ -107,6 +107,30 @@ def test_the_agent_builds_its_models_best_plan_after_each_rehearsal(tmp_path):
     assert sum(p != "fp32" for _, p in planned.precisions) == int(config.search_budget / 0.006)
 
 
+def test_each_planning_step_builds_as_many_distinct_model_plans_as_configured(tmp_path):
+    space = tiny_space()
+    real, built = _recording_evaluator(space)
+    config = tiny_config(
+        tmp_path,
+        budget={"builds": 8},
+        ppo={
+            "episodes_per_update": 2,
+            "imagined_episodes": 2,
+            "probe_plans": False,
+            "build_model_plan": True,
+            "model_plans": 3,
+        },
+    )
+    model = _FixedModel()
+    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
+    first_step = built[:3]
+    assert first_step[0] == model_best_plan(model, space, config.search_budget, seed=config.seed)
+    assert len({plan.hash for plan in first_step}) == 3  # the model's best three, none built twice
+    assert all(model.predict(plan)[1] <= config.search_budget for plan in first_step)
+    # the two sampled episodes follow, then the next planning step's three
+    assert len(built) == 8
+
+
 def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_layers(tmp_path):
     from autotune.search.estimate import RefittedEstimates
     from autotune.search.prior import PriorInputs, unsure_groups
