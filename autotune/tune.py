@@ -398,9 +398,11 @@ def tune(
                 store.set_meta("wall_s", wall_before + time.time() - started)
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
-                confirmed = confirm_finalists(evaluator, store, config, fp32)
+                confirm_finalists(evaluator, store, config, fp32)
                 confirm_references(evaluator, store, space.layer_names)
-                ranked = ranking(confirmed, config.accuracy_budget)
+                # Ranked over every confirmation in the store, as export_ranked chooses: an earlier run's
+                # (imported with --from, or confirmed before a resume) can outrank this run's finalists.
+                ranked = ranking([*store.confirmations().values()], config.accuracy_budget)
                 summary = export_ranked(run, config, evaluator, store)
                 summary["ranking"] = [
                     {"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in ranked

@@ -16,6 +16,7 @@ from autotune.api import analyze
 from autotune.config import ConfigError, dump_config, load_config
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config
+from autotune.trial import TrialResult
 from autotune.tune import search_with_seeds, tune
 
 REPO = Path(__file__).resolve().parents[1]
@@ -269,6 +270,25 @@ def test_confirm_references_picks_the_one_liners_and_rejects_unknown_ones(tmp_pa
     with pytest.raises(ConfigError, match=r"confirm.references: \['tflite'\] not offered by the onnxruntime"):
         tune(bad, isolate=False, progress=False)
     assert not bad.run_dir.exists()
+
+
+def test_an_imported_confirmation_that_outranks_the_finalists_is_the_winner_and_heads_the_ranking(tmp_path):
+    # The second run exports from every confirmation in its store, the first run's imported ones included; its
+    # summary's ranking must be the same list (it once ranked only its own finalists and failed to find the winner).
+    first = tiny_config(tmp_path, name="first", budget={"builds": 6}, ppo={"episodes_per_update": 2})
+    tune(first, isolate=False, progress=False)
+    with TrialStore(first.run_dir / "trials.sqlite") as store:
+        fp32_hash = store.get_meta("fp32_plan_hash")
+        trials = [r for r in store.trials() if r.ok and r.plan_hash != fp32_hash]
+        slowest = min(trials, key=lambda r: r.speedup)  # never among the second run's finalists (top_k 1)
+        faster = {**slowest.to_dict(), "speedup": 100.0, "accuracy_drop": 0.0, "split": "holdout"}
+        store.put_confirmation(TrialResult.from_dict(faster))
+    second = tiny_config(
+        tmp_path, name="second", budget={"builds": 2}, confirm={"top_k": 1}, from_runs=[str(first.run_dir)]
+    )
+    summary = tune(second, isolate=False, progress=False)
+    assert summary["plan_hash"] == slowest.plan_hash
+    assert summary["ranking"][0]["plan_hash"] == slowest.plan_hash
 
 
 def test_a_second_run_from_the_first_builds_none_of_its_plans_and_counts_only_its_own_builds(tmp_path):
