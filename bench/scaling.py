@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -216,8 +217,24 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{number(row['latency_ms_busy'], 3)} | {number(row['speedup_alone'])} | "
                 f"{number(row['speedup_busy'])} |"
             )
-    lines += ["", f"Command: `{results['command']}`"]
+    lines += ["", f"CPUs: {results.get('cpus', {}).get('summary', '-')}", "", "Commands:"]
+    lines += [f"- `{command}`" for command in results.get("commands", [])]
     return "\n".join(lines) + "\n"
+
+
+def cpu_topology(sysfs: Path = Path("/sys/devices/system/cpu")) -> dict[str, Any]:
+    """The CPUs this process may use and which of them share a physical core (Linux sysfs; empty elsewhere).
+
+    Workers on two hyperthreads of one core are not independent, so the scaling table names the topology.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    siblings = {}
+    for cpu in cpus:
+        path = sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list"
+        siblings[str(cpu)] = path.read_text().strip() if path.exists() else str(cpu)
+    cores = len(set(siblings.values()))
+    summary = f"{len(cpus)} CPUs on {cores} physical cores ({len(cpus) // max(cores, 1)} threads each)"
+    return {"cpus": len(cpus), "physical_cores": cores, "siblings": siblings, "summary": summary}
 
 
 def save(out: Path, results: dict[str, Any]) -> None:
@@ -256,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = load(args.out)
-    results["command"] = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
+    command = shlex.join(["python", *sys.argv]) if argv is None else shlex.join(argv)
+    # Results accumulate over calls (one device call fits only some worker counts): keep every call's command.
+    results["commands"] = [*results.pop("commands", []), command]
+    results["cpus"] = cpu_topology()
     run_scaling(args, results)
     run_interference(args, results)
     if args.reevaluate:

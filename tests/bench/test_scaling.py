@@ -33,6 +33,18 @@ def test_ratios_compare_each_rate_with_n_times_one_worker():
     assert results["scaling"]["4"]["ratio"] == pytest.approx(0.75) and results["scaling"]["1"]["ratio"] == 1.0
 
 
+def test_the_topology_counts_each_physical_core_once(monkeypatch, tmp_path):
+    # Four CPUs, two cores of two hyperthreads: workers on 0 and 2 share nothing, workers on 0 and 1 share a core.
+    siblings = {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3"}
+    for cpu, text in siblings.items():
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(text + "\n")
+    monkeypatch.setattr(scaling.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    topology = scaling.cpu_topology(sysfs=tmp_path)
+    assert (topology["cpus"], topology["physical_cores"]) == (4, 2)
+    assert topology["summary"] == "4 CPUs on 2 physical cores (2 threads each)"
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two workers")
 def test_scaling_interference_and_reevaluation_on_the_tiny_model(tmp_path):
     config = tmp_path / "tiny.yaml"
@@ -54,3 +66,4 @@ def test_scaling_interference_and_reevaluation_on_the_tiny_model(tmp_path):
     assert len(rows) == 2 and all(r["speedup_alone"] > 0 and r["speedup_busy"] > 0 for r in rows)
     table = (out / "scaling.md").read_text()
     assert "| 2 | 4 |" in table and "--interference 2" in table
+    assert len(results["commands"]) == 1 and results["cpus"]["cpus"] == len(os.sched_getaffinity(0))
