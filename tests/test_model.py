@@ -409,6 +409,7 @@ def test_two_exports_of_the_same_cached_model_at_once_both_succeed(tmp_path, mon
 
 def _conv_after_computed_pads() -> onnx.ModelProto:
     """A conv after a Pad whose pads are graph arithmetic, as torch.onnx.export writes "same" padding."""
+
     def const(name: str, values: list[int]) -> onnx.NodeProto:
         return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64)))
 

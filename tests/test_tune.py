@@ -106,7 +106,14 @@ def test_sigkill_then_resume_loses_no_trial_and_measures_none_twice(tmp_path):
         budget={"builds": 30, "stall_episodes": 40},
         # Without the layerwise priors: on this model builds take milliseconds, so the rehearsals that priors start
         # from the first build would set the pace of the run, and the test is about the kill, not the agent.
-        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5, "priors": False},
+        # Few imagined episodes and epochs per update for the same reason.
+        ppo={
+            "episodes_per_update": 2,
+            "checkpoint_every_builds": 5,
+            "priors": False,
+            "imagined_episodes": 8,
+            "n_epochs": 2,
+        },
     )
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(dump_config(config))

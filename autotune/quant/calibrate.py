@@ -516,9 +516,7 @@ def _load_cache(path: Path, tensors: Sequence[str]) -> dict[str, TensorStats] | 
 
 
 def _write_cache(path: Path, stats: Mapping[str, TensorStats]) -> None:
-    atomic_write(
-        path, json.dumps({"format": _CACHE_FORMAT, "stats": {name: s.to_dict() for name, s in stats.items()}})
-    )
+    atomic_write(path, json.dumps({"format": _CACHE_FORMAT, "stats": {name: s.to_dict() for name, s in stats.items()}}))
 
 
 def calibrate(

@@ -40,7 +40,11 @@ def _stop(process) -> None:
 def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
     budget = 24
     config = fast_config(
-        tmp_path, budget={"builds": budget}, ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5}
+        tmp_path,
+        budget={"builds": budget},
+        # A few imagined episodes per update: the test is about the interrupt, and 128 of them per update on a
+        # model whose builds take milliseconds set the pace of the run (3 minutes instead of one).
+        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5, "imagined_episodes": 8},
     )
     store_path = config.run_dir / "trials.sqlite"
     process = start("tune", write_config(tmp_path, config), "--no-progress", cwd=tmp_path)
@@ -80,7 +84,7 @@ def test_ctrl_c_with_workers_side_by_side_leaves_no_worker_and_resume_finishes(t
     config = fast_config(
         tmp_path,
         budget={"builds": budget},
-        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 4},
+        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 4, "imagined_episodes": 8},
         execution={"workers": 2},
         backend={"intra_op_threads": 1},
     )
