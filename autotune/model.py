@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,13 +326,27 @@ def _known_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-        symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        # When it cannot infer every shape, ORT saves its partial model (sym_shape_infer_temp.onnx and a .data file
+        # per tensor) into the working directory before raising: run it in a scratch directory, not the user's.
+        with tempfile.TemporaryDirectory(prefix="autotune-shapes-") as scratch, _working_directory(scratch):
+            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
     except Exception:  # a best effort for MACs: unknown shapes stay unknown, as before
         return shapes
     for name, shape in _value_shapes(symbolic.graph).items():
         if _resolved(shape) and not _resolved(shapes.get(name, ())):
             shapes[name] = shape
     return shapes
+
+
+@contextlib.contextmanager
+def _working_directory(path: str) -> Iterator[None]:
+    """``contextlib.chdir`` (Python 3.11+) for 3.10."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def _resolved(shape: tuple[int, ...]) -> bool:

@@ -9,7 +9,9 @@ Usage (the stores of earlier real runs; ``--set`` once per override of the varia
     python bench/replay.py configs/minilm-cpu.yaml --stores 'runs/minilm-cpu*/trials.sqlite' --seeds 0 1
     python bench/replay.py configs/minilm-cpu.yaml --stores '...' --set ppo.probe_plans=false --noise 0.06
 
-Prints the simulator's best plan within the search budget (a local search over plans with default knobs), then,
+Prints the simulator's best plan within the search budget (a local search over plans with default knobs: the ceiling
+of what any strategy can find, as far as the simulator knows), how well the same fit predicts trials it has not
+seen (the simulator check: 80 % of the trials predict the other 20 %), then,
 per seed, the simulator's speedup of the fastest plan within the search budget that the agent built, and the mean
 number of quantized layers per 10 builds. The simulator is additive by construction, so it flatters
 anything that relies on additivity: treat its results as leads for a real run, not as results.
@@ -53,6 +55,47 @@ TARGET = 0.98
 
 CHECKPOINTS = (12, 24, 48)
 """Builds after which the compared strategies' best plans are reported (the issue's 12 and greedy's 48)."""
+
+
+def fit_check(
+    trials: list[TrialResult], knob_defaults: dict, drop_floor: float, fraction: float = 0.2, seed: int = 0
+) -> dict:
+    """How well the simulator's model predicts trials it was not fitted on: the trust to put in the replay.
+
+    Fits the same additive model on a random ``1 - fraction`` of the trials and predicts the rest.
+
+    Args:
+        trials: The real trials.
+        knob_defaults: Each knob's default value.
+        drop_floor: Drops at or under this are left out of the relative drop error (a ratio of near-zeros).
+        fraction: Share of the trials held out.
+        seed: Seeds the split.
+
+    Returns:
+        ``held_out`` (trials predicted), ``drop_error_median`` and ``drop_error_p90`` (relative, over held-out
+        trials with a drop above ``drop_floor``; None if there are none), ``speedup_ratio_p10`` and
+        ``speedup_ratio_p90`` (predicted over measured speedup).
+    """
+    order = np.random.default_rng(seed).permutation(len(trials))
+    cut = max(1, int(round(fraction * len(trials))))
+    held_out = [trials[i] for i in order[:cut]]
+    model = fit_surrogate([trials[i] for i in order[cut:]], knob_defaults, ridge=0.1)
+    if model is None:
+        return {"held_out": 0}
+    predictions = [model.predict(t.plan) for t in held_out]
+    errors = [
+        abs(drop - t.accuracy_drop) / t.accuracy_drop
+        for (_, drop), t in zip(predictions, held_out, strict=True)
+        if t.accuracy_drop > drop_floor
+    ]
+    ratios = [speedup / t.speedup for (speedup, _), t in zip(predictions, held_out, strict=True)]
+    return {
+        "held_out": len(held_out),
+        "drop_error_median": float(np.median(errors)) if errors else None,
+        "drop_error_p90": float(np.percentile(errors, 90)) if errors else None,
+        "speedup_ratio_p10": float(np.percentile(ratios, 10)),
+        "speedup_ratio_p90": float(np.percentile(ratios, 90)),
+    }
 
 
 def replay(
@@ -255,6 +298,17 @@ def main() -> int:
     best = model_best_plan(truth, space, config.search_budget, iterations=1500)
     optimum, layers = truth.predict(best)[0], sum(p != "fp32" for _, p in best.precisions)
     print(f"simulator's best plan within the search budget: {optimum:.3f}x ({layers} layers quantized)", flush=True)
+    check = fit_check(real, defaults, drop_floor=config.search_budget / 3)
+    if check["held_out"] and check["drop_error_median"] is not None:
+        print(
+            f"simulator check, fitted on 80 % and predicting the other {check['held_out']} trials: drop error "
+            f"median {check['drop_error_median']:.1%}, 90th percentile {check['drop_error_p90']:.1%} (drops over a "
+            f"third of the search budget); predicted / measured speedup {check['speedup_ratio_p10']:.2f}-"
+            f"{check['speedup_ratio_p90']:.2f} (10th-90th percentile)",
+            flush=True,
+        )
+    else:
+        print("simulator check: too few trials to hold some out", flush=True)
     if args.strategies:
         print(f"priors: {'single-layer errors and runtime shares' if prior else 'none found'}", flush=True)
         return compare(args, truth, space, prior)

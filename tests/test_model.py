@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from autotune.model import (
     InputSpec,
     ModelError,
+    build_layer_table,
     export_torch,
     graph_inputs,
     load_onnx,
@@ -441,3 +442,15 @@ def test_macs_of_a_conv_after_pads_that_onnx_shape_inference_cannot_follow():
     (layer,) = _prepare(model, None).layers
     assert layer.output_shape == y.shape  # ONNX's inference leaves it (1, 4, -1, -1); ORT's symbolic one fills it
     assert layer.macs == y.size * 3 * 3 * 3
+
+
+def test_shape_inference_that_stops_early_leaves_no_file_in_the_working_directory(tmp_path, monkeypatch):
+    # An operator only a custom runtime knows stops ONNX Runtime's symbolic shape inference, which then saves its
+    # partial model into the working directory before it gives up.
+    model = tiny_mlp()
+    relu = next(n for n in model.graph.node if n.name == "relu1")
+    relu.op_type, relu.domain = "FancyActivation", "com.example"
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    monkeypatch.chdir(tmp_path)
+    layers = build_layer_table(model)
+    assert [layer.name for layer in layers] and list(tmp_path.iterdir()) == []

@@ -36,12 +36,46 @@ def test_replay_trains_the_agent_on_a_simulator_of_the_stored_trials(tmp_path):
     assert lines[0].startswith("simulator fitted on")
     optimum = float(lines[1].split(": ")[1].split("x")[0])
     assert lines[1].startswith("simulator's best plan within the search budget") and optimum > 1.0
-    results = [ast.literal_eval(line) for line in lines[2:]]
+    assert lines[2].startswith("simulator check")
+    results = [ast.literal_eval(line) for line in lines[3:]]
     assert [r["seed"] for r in results] == [0, 1]
     for result in results:
         assert result["builds"] == 14  # the budget, counted as real runs count it
         assert result["best_speedup_within_budget"] > 1.0
         assert len(result["quantized_per_10_builds"]) == 2
+
+
+def _trials_of(drop_of, count=60, seed=0):
+    """Trials of random plans of the tiny space, with the synthetic speedup and the drop ``drop_of(plan)``."""
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    rng = np.random.default_rng(seed)
+    trials = []
+    for _ in range(count):
+        result = evaluate(space.plan({n: "int8" for n in space.layer_names if rng.random() < 0.5}))
+        result.accuracy_drop = drop_of(result.plan)
+        trials.append(result)
+    return space, trials
+
+
+def test_the_simulator_check_trusts_additive_drops_and_flags_interacting_ones():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import replay
+
+    def additive(plan):
+        return sum(0.001 * (i + 1) for i, (_, p) in enumerate(plan.precisions) if p == "int8")
+
+    def interacting(plan):  # two layers that together cost ten times what each costs alone
+        int8 = [p == "int8" for _, p in plan.precisions]
+        return additive(plan) + (0.02 if int8[0] and int8[1] else 0.0)
+
+    space, trials = _trials_of(additive)
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    exact = replay.fit_check(trials, defaults, drop_floor=0.0)
+    assert exact["held_out"] == 12 and exact["drop_error_median"] < 0.05
+    _, trials = _trials_of(interacting)
+    flagged = replay.fit_check(trials, defaults, drop_floor=0.0)
+    assert flagged["drop_error_p90"] > 0.2 and flagged["drop_error_p90"] > 4 * exact["drop_error_p90"]
 
 
 def test_replay_names_the_fix_when_the_stores_hold_too_few_trials(tmp_path):
