@@ -68,14 +68,25 @@ def worker_config(
     )
 
 
-def search_rate(trials: list[TrialResult]) -> dict[str, float]:
-    """Builds per minute of a search from its trials' commit times (``created_at``) and durations (``total_s``)."""
+def search_rate(trials: list[TrialResult], workers: int = 1) -> dict[str, float]:
+    """Builds per minute of a search from its trials' commit times (``created_at``) and durations (``total_s``).
+
+    Also what the rate lost is made of: ``trial_s_mean`` (each trial slower beside busy neighbours) and
+    ``busy_share``, the workers' time spent in trials over ``workers`` x the search's span (idle at the start and
+    the end, or waiting on the driver).
+    """
     if not trials:
-        return {"builds": 0, "search_s": 0.0, "builds_per_minute": 0.0}
+        return {"builds": 0, "search_s": 0.0, "builds_per_minute": 0.0, "trial_s_mean": 0.0, "busy_share": 0.0}
     times = sorted(t.created_at for t in trials)
-    trial_s = statistics.median(t.total_s or 0.0 for t in trials)
-    span = times[-1] - times[0] + trial_s
-    return {"builds": len(trials), "search_s": span, "builds_per_minute": 60.0 * len(trials) / span if span else 0.0}
+    durations = [t.total_s or 0.0 for t in trials]
+    span = times[-1] - times[0] + statistics.median(durations)
+    return {
+        "builds": len(trials),
+        "search_s": span,
+        "builds_per_minute": 60.0 * len(trials) / span if span else 0.0,
+        "trial_s_mean": statistics.mean(durations),
+        "busy_share": sum(durations) / (workers * span) if span else 0.0,
+    }
 
 
 def run_scaling(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -93,7 +104,7 @@ def run_scaling(args: argparse.Namespace, results: dict[str, Any]) -> None:
         with TrialStore(config.run_dir / "trials.sqlite") as store:
             trials = list(store.trials())
         results["scaling"][key] = {
-            **search_rate(trials),
+            **search_rate(trials, workers),
             "wall_s": time.time() - started,
             "winner_plan_hash": summary["plan_hash"],
             "winner_speedup_confirmed": summary["winner"]["speedup"],
@@ -193,9 +204,9 @@ def run_interference(args: argparse.Namespace, results: dict[str, Any]) -> None:
 def markdown(results: dict[str, Any]) -> str:
     """The scaling table and the interference table."""
     lines = [
-        "| workers | builds | search (s) | builds/min | ratio to N x 1 worker | winner speedup (confirmed) | "
-        "winner speedup (alone) |",
-        "|---|---|---|---|---|---|---|",
+        "| workers | builds | search (s) | builds/min | ratio to N x 1 worker | trial s (mean) | busy share | "
+        "winner speedup (confirmed) | winner speedup (alone) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def number(value: Any, digits: int = 2) -> str:
@@ -205,7 +216,8 @@ def markdown(results: dict[str, Any]) -> str:
         row = results["scaling"][key]
         lines.append(
             f"| {key} | {row['builds']} | {number(row['search_s'], 0)} | {number(row['builds_per_minute'])} | "
-            f"{number(row.get('ratio'))} | {number(row['winner_speedup_confirmed'])} | "
+            f"{number(row.get('ratio'))} | {number(row.get('trial_s_mean'))} | {number(row.get('busy_share'))} | "
+            f"{number(row['winner_speedup_confirmed'])} | "
             f"{number(row.get('winner_speedup_alone'))} |"
         )
     lines += ["", "| workers | plan | latency alone (ms) | latency busy (ms) | speedup alone | speedup busy |"]
@@ -248,7 +260,10 @@ def load(out: Path) -> dict[str, Any]:
     """The results so far (a later call adds worker counts to them)."""
     path = out / "scaling.json"
     if path.exists():
-        return json.loads(path.read_text())
+        results = json.loads(path.read_text())
+        if "command" in results:  # written before every call's command was kept
+            results["commands"] = [results.pop("command"), *results.get("commands", [])]
+        return results
     return {"scaling": {}, "interference": {}}
 
 

@@ -24,6 +24,9 @@ def test_search_rate_counts_the_first_trial_from_the_start_of_the_search():
     rate = scaling.search_rate(trials)
     assert rate["search_s"] == pytest.approx(60.0)  # 50 s between the first and last commit, plus one trial
     assert rate["builds_per_minute"] == pytest.approx(6.0)
+    assert rate["trial_s_mean"] == pytest.approx(10.0) and rate["busy_share"] == pytest.approx(1.0)
+    # The same six trials on two workers: each worker was busy half of the 60 s.
+    assert scaling.search_rate(trials, workers=2)["busy_share"] == pytest.approx(0.5)
     assert scaling.search_rate([])["builds_per_minute"] == 0.0
 
 
