@@ -18,7 +18,6 @@ from autotune.model import LoadedModel
 from autotune.plan import PRECISIONS, Plan
 from autotune.search.space import SearchSpace
 from autotune.store import TrialStore
-from autotune.trial import TrialResult
 
 
 def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, SearchSpace]:
@@ -192,10 +191,11 @@ def evaluate(config: TuneConfig, plan_spec: str, split: str = "evaluation", isol
 def evaluate_side_by_side(
     config: TuneConfig, plan_specs: list[str], split: str = "evaluation", isolate: bool = True
 ) -> list[dict[str, Any]]:
-    """Builds and measures several plans in one trial process, one after another, each against FP32.
+    """Builds several plans in one trial process and times them against FP32 in the same rounds.
 
-    Each plan's FP32 reference is timed interleaved with it, as in every trial, so the ratios are comparable
-    although the machine drifts between plans; one process means one warm-up, one data load, one calibration.
+    Every round times FP32 and each plan in turn (``autotune.measure.side_by_side``), so the plans are compared
+    seconds apart, not across the minutes of machine drift between one plan's measurement and the next; one
+    process means one warm-up, one data load, one calibration.
 
     Args:
         config: The run's config.
@@ -213,8 +213,7 @@ def evaluate_side_by_side(
     run_dir = config.run_dir
     summaries = []
     with TrialStore(run_dir / "evaluations.sqlite") as store, Evaluator(config, store, isolate=isolate) as evaluator:
-        for plan in plans:
-            result: TrialResult = evaluator.measure(plan, split)
+        for plan, result in zip(plans, evaluator.measure_side_by_side(plans, split), strict=True):
             if result.ok:
                 files = evaluator.export(plan, run_dir / "evaluate" / plan.hash)
                 result.artifact = files[0]

@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan",
         action="append",
         help=f"a precision for every layer ({', '.join(PRECISIONS)}), one of the backend's one-liners "
-        f"({_one_liners()}), or a plan JSON file (default int8); repeat it to measure plans side by side in one "
-        "process, each against FP32 timed interleaved with it",
+        f"({_one_liners()}), or a plan JSON file (default int8); repeat it to measure plans side by side: one "
+        "process, FP32 and every plan timed in turn in the same rounds",
     )
     evaluate.add_argument("--split", choices=("evaluation", "holdout"), default="evaluation")
     evaluate.add_argument("--json", action="store_true", help="print every result as JSON (one plan: always)")

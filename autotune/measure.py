@@ -1,9 +1,13 @@
-"""The latency protocol: warm-up after every switch, repeats, rounds, and the reference interleaved."""
+"""The latency protocol: warm-up after every switch, repeats, rounds, and the reference interleaved.
+
+One candidate against the reference (``interleaved``: every trial) or several in the same rounds
+(``side_by_side``: the finalists of a run, plans compared by ``autotune evaluate``).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -98,15 +102,59 @@ def interleaved(
     Returns:
         Medians and IQRs of both sides.
     """
-    candidate_ms: list[float] = []
-    reference_ms: list[float] = []
-    ratios = []
-    for _ in range(protocol.rounds):
-        reference_round = _timed(reference, protocol, clock, self_timed)
-        candidate_round = _timed(candidate, protocol, clock, self_timed)
-        ratios.append(float(np.median(reference_round) / np.median(candidate_round)))
-        reference_ms += reference_round
-        candidate_ms += candidate_round
-    median, iqr = _stats(candidate_ms)
-    reference_median, reference_iqr = _stats(reference_ms)
-    return Latency(median, iqr, reference_median, reference_iqr, tuple(ratios))
+    return _rounds([reference, candidate], lambda _: [0, 1], protocol, clock, self_timed)[0]
+
+
+def side_by_side(
+    candidates: Sequence[Callable[[], object]],
+    reference: Callable[[], object],
+    protocol: Protocol,
+    clock: Callable[[], float] = time.perf_counter,
+    self_timed: bool = False,
+) -> list[Latency]:
+    """Times several candidates and the reference in turn within every round, the order rotating each round.
+
+    Plans measured one after another, each against its own reference, are compared across minutes of machine
+    drift: on a 2-vCPU VM the same MiniLM plan moved by up to 20 % between such passes. Inside one round the
+    runners are timed seconds apart, and every candidate's ratio of a round has the same reference median, so the
+    ratio of two candidates' ``round_speedups`` at the same index compares them directly. Rotating the order
+    (round r starts at runner r) keeps a place in the round (first after the reference, last before it) from
+    favouring one runner.
+
+    Args:
+        candidates: Each runs one candidate once.
+        reference: Runs the reference once.
+        protocol: Warm-up (after every switch), repeats and rounds.
+        clock: Seconds; injectable for tests.
+        self_timed: The runners return their own elapsed milliseconds and ``clock`` is unused.
+
+    Returns:
+        One ``Latency`` per candidate, in order, each against the reference of the same rounds.
+    """
+    runners = [reference, *candidates]
+    count = len(runners)
+    return _rounds(runners, lambda r: [(r + k) % count for k in range(count)], protocol, clock, self_timed)
+
+
+def _rounds(
+    runners: Sequence[Callable[[], object]],
+    order: Callable[[int], list[int]],
+    protocol: Protocol,
+    clock: Callable[[], float],
+    self_timed: bool,
+) -> list[Latency]:
+    """Times ``runners`` (the reference first) round by round in ``order(round)``; a Latency per candidate."""
+    samples: list[list[float]] = [[] for _ in runners]
+    round_medians: list[list[float]] = [[] for _ in runners]
+    for index in range(protocol.rounds):
+        for runner in order(index):
+            timed = _timed(runners[runner], protocol, clock, self_timed)
+            samples[runner] += timed
+            round_medians[runner].append(float(np.median(timed)))
+    reference_median, reference_iqr = _stats(samples[0])
+    latencies = []
+    for runner in range(1, len(runners)):
+        median, iqr = _stats(samples[runner])
+        ratios = tuple(r / c for r, c in zip(round_medians[0], round_medians[runner], strict=True))
+        latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios))
+    return latencies

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,31 @@ from autotune.trial import TrialResult
 
 
 def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[TrialResult]:
-    """Confirms each plan once per run (a resumed run reuses earlier confirmations)."""
-    done = store.confirmations()
-    return [done[plan.hash] if plan.hash in done else evaluator.confirm(plan) for plan in plans]
+    """Confirms each plan once per run (a resumed run reuses earlier confirmations); the new ones side by side."""
+    done = {**store.confirmations(), **{r.plan_hash: r for r in store.references().values()}}
+    fresh = [plan for plan in plans if plan.hash not in done]
+    if fresh:
+        done.update((result.plan_hash, result) for result in evaluator.confirm_side_by_side(fresh))
+    return [done[plan.hash] for plan in plans]
 
 
-def confirm_finalists(evaluator: Evaluator, store: TrialStore, config: TuneConfig, fp32: Plan) -> list[TrialResult]:
-    """Confirms the ``confirm.top_k`` best bets and FP32.
+def confirm_finalists(
+    evaluator: Evaluator, store: TrialStore, config: TuneConfig, fp32: Plan, one_liners: Sequence[Plan] = ()
+) -> list[TrialResult]:
+    """Confirms the ``confirm.top_k`` best bets, FP32 and the backend's one-liners side by side, in the same rounds.
 
-    While no finalist meets the budget on held-out data, goes on down the list, up to ``top_k`` more.
+    The winner is the fastest finalist, so the finalists are timed together: machine drift between passes then
+    falls on all of them alike instead of deciding which one wins; the one-liners are timed beside them by the
+    same harness. While no finalist meets the budget on held-out data, goes on down the list, up to ``top_k``
+    more (each confirmed alone). A one-liner is stored apart from the finalists and never exported.
+
+    Returns:
+        The finalists' and FP32's confirmations (not the one-liners').
     """
     order = [r.plan for r in confirmation_order(store.trials(), config) if r.plan_hash != fp32.hash]
     top_k = config.confirm.top_k
-    confirmed = confirm(evaluator, store, [*order[:top_k], fp32])
+    finalists = [*order[:top_k], fp32]
+    confirmed = confirm(evaluator, store, [*finalists, *one_liners])[: len(finalists)]
     for plan in order[top_k : 2 * top_k]:
         if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break
@@ -52,19 +64,10 @@ def confirm_finalists(evaluator: Evaluator, store: TrialStore, config: TuneConfi
     return confirmed
 
 
-def confirm_references(evaluator: Evaluator, store: TrialStore, layers: list[str]) -> dict[str, TrialResult]:
-    """Measures each of the backend's one-liners once per run, with the protocol that confirms the finalists.
-
-    ``confirm.references`` picks which (default all). A resumed run reuses what was measured. They are stored
-    apart from the search's trials, so they spend no build of its budget, and apart from the finalists, so none
-    is ever exported.
-    """
-    done = store.references()
+def one_liner_plans(evaluator: Evaluator, layers: list[str]) -> list[Plan]:
+    """The reference plans of the backend's one-liners that ``confirm.references`` asks for (default all)."""
     wanted = evaluator.config.confirm.references  # None: every one the backend offers
-    for name in evaluator.references():
-        if name not in done and (wanted is None or name in wanted):
-            done[name] = evaluator.confirm(Plan.reference_plan(layers, name))
-    return done
+    return [Plan.reference_plan(layers, name) for name in evaluator.references() if wanted is None or name in wanted]
 
 
 def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: float) -> dict[str, Any]:
@@ -398,8 +401,7 @@ def tune(
                 store.set_meta("wall_s", wall_before + time.time() - started)
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
-                confirm_finalists(evaluator, store, config, fp32)
-                confirm_references(evaluator, store, space.layer_names)
+                confirm_finalists(evaluator, store, config, fp32, one_liner_plans(evaluator, space.layer_names))
                 # Ranked over every confirmation in the store, as export_ranked chooses: an earlier run's
                 # (imported with --from, or confirmed before a resume) can outrank this run's finalists.
                 ranked = ranking([*store.confirmations().values()], config.accuracy_budget)

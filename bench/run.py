@@ -12,9 +12,11 @@ On a machine with many cores, ``--jobs N`` runs N strategy-seed runs at once, ea
 alone, so the model export and the calibration cache are made once. Interrupted (Ctrl-C, SIGTERM), every run
 keeps its trials; the same command resumes them all.
 
-``--reevaluate`` measures nothing new in the search: it re-measures every finished run's exported winner on this
-machine, one run after another, on the held-out split with the confirmation protocol. Winners confirmed side by
-side on a busy host (``--jobs``) are thus compared again under one set of conditions.
+``--reevaluate`` measures nothing new in the search: it re-measures every finished run's exported winner and the
+backend's one-liners on this machine, all side by side (built in one process, timed against FP32 in the same
+rounds), on the held-out split with the confirmation protocol. Winners confirmed on a busy host (``--jobs``), or
+in runs hours apart, are thus compared again under one set of conditions; ``--set confirm.rounds=N`` times more
+rounds.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def run_one(
             tune(config, strategy=strategy, progress=False)
     finished = (run_dir / "summary.json").exists()
     summary = json.loads((run_dir / "summary.json").read_text()) if finished else {"winner": None}
+    plan_file = run_dir / "best" / "plan.json"
     with TrialStore(run_dir / "trials.sqlite") as store:
         trials = list(store.trials())
         wall = store.get_meta("wall_s")  # written when the run ends or is interrupted
@@ -97,6 +100,8 @@ def run_one(
             "accuracy_drop": best_within.accuracy_drop if best_within else None,
         },
         "confirmed_winner": summary["winner"],
+        # The exported plan itself: winners can be measured side by side again after the run directories are gone.
+        "winner_plan": json.loads(plan_file.read_text()) if finished and plan_file.exists() else None,
         # The backend's one-liners, measured in this run like its finalists (held-out data, same protocol).
         "references": summary.get("references") or {},
         "finished": finished,
@@ -343,33 +348,36 @@ def run_parallel(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[
 
 
 def reevaluate(args: argparse.Namespace, runs: list[tuple[str, int]]) -> list[dict]:
-    """Re-measures each finished run's exported winner here, one after another (see the module docstring).
+    """Re-measures every finished run's exported winner here, all side by side (see the module docstring).
 
-    A fixed reference (``int8``, ``fp16``) exports FP32 whenever its uniform plan misses the budget; its row
-    measures the uniform plan itself. The backend's one-liners (``ort-static``, ...) follow, measured once each
-    with the same protocol, as rows of their own.
+    The winners and the backend's one-liners are built in one process and timed against FP32 in the same rounds
+    (held-out split, confirmation protocol), so machine drift cannot decide which winner comes out ahead. A fixed
+    reference (``int8``, ``fp16``) exports FP32 whenever its uniform plan misses the budget; its row measures the
+    uniform plan itself.
     """
-    rows = []
+    names, specs = [], []
     config = None
-    split = "evaluation"
     for strategy, seed in runs:
-        name = f"{strategy}-s{seed}"
         run = run_config(args.config, strategy, seed, args.budget, args.out, args.set)
         plan_file = run.run_dir / "best" / "plan.json"
         if not (run.run_dir / "summary.json").exists() or not plan_file.exists():
             continue
-        config = run.model_copy(
+        config = config or run.model_copy(
             update={"measure": run.measure.model_copy(update=run.confirm.model_dump(exclude={"top_k"}))}
         )
-        split = "holdout" if config.data.holdout is not None else "evaluation"
-        print(f"[bench] re-evaluating {name} on {split}", flush=True)
-        measured = api.evaluate(config, strategy if strategy in FIXED else str(plan_file), split=split)
-        rows.append(_reevaluated(strategy, seed, measured, config.accuracy_budget, split))
-    if config is not None:
-        for name in api.references(config):
-            print(f"[bench] re-evaluating the one-liner {name} on {split}", flush=True)
-            rows.append(_reevaluated(name, 0, api.evaluate(config, name, split=split), config.accuracy_budget, split))
-    return rows
+        names.append((strategy, seed))
+        specs.append(strategy if strategy in FIXED else str(plan_file))
+    if config is None:
+        return []
+    split = "holdout" if config.data.holdout is not None else "evaluation"
+    one_liners = list(api.references(config))
+    names += [(name, 0) for name in one_liners]
+    print(f"[bench] re-evaluating {len(specs)} winners and {len(one_liners)} one-liners side by side on {split}")
+    measured = api.evaluate_side_by_side(config, specs + one_liners, split=split)
+    return [
+        _reevaluated(strategy, seed, result, config.accuracy_budget, split)
+        for (strategy, seed), result in zip(names, measured, strict=True)
+    ]
 
 
 def _reevaluated(strategy: str, seed: int, measured: dict, accuracy_budget: float, split: str) -> dict:
@@ -429,7 +437,7 @@ def main() -> int:
     parser.add_argument(
         "--reevaluate",
         action="store_true",
-        help="measure every finished run's winner again here, one after another (held-out, confirmation protocol)",
+        help="measure every finished run's winner again here, side by side (held-out, confirmation protocol)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -443,7 +451,7 @@ def main() -> int:
         rows = reevaluate(args, runs)
         (args.out / "reevaluated.json").write_text(json.dumps(rows, indent=2, default=str))
         text = (
-            f"Winners re-measured {_here()}), one after another, "
+            f"Winners re-measured {_here()}), side by side in the same rounds, "
             f"{rows[0]['split'] if rows else 'held-out'} split, confirmation protocol: `{command}`\n\n"
             f"{reevaluation_table(rows)}\n"
         )

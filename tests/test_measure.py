@@ -134,3 +134,57 @@ def test_speedup_is_the_median_of_per_round_ratios_so_a_slow_spell_cancels():
     assert latency.round_speedups == pytest.approx((2.0, 2 / 3, 2.0))
     assert latency.speedup == pytest.approx(2.0)
     assert latency.reference_median_ms / latency.median_ms == pytest.approx(2 / 3)
+
+
+def test_side_by_side_rotates_the_order_so_every_runner_takes_every_place():
+    from autotune.measure import side_by_side
+
+    log: list[str] = []
+
+    def runner(name: str):
+        return lambda: log.append(name) or 1.0
+
+    protocol = Protocol(warmup=1, repeats=2, rounds=3)
+    side_by_side([runner("a"), runner("b")], runner("ref"), protocol, self_timed=True)
+    block = protocol.warmup + protocol.repeats
+    rounds = [log[i : i + 3 * block : block] for i in range(0, len(log), 3 * block)]
+    assert rounds == [["ref", "a", "b"], ["a", "b", "ref"], ["b", "ref", "a"]]
+    assert len(log) == 3 * 3 * block
+
+
+def test_side_by_side_compares_candidates_within_each_round_so_drift_between_rounds_cancels():
+    from autotune.measure import side_by_side
+
+    # The machine turns 3x slower for round 2 only; "fast" always takes half the time of "slow".
+    calls = {"count": 0}
+    per_round = 3 * 1  # three runners, one timed run each (no warm-up)
+
+    def runner(base_ms: float):
+        def run() -> float:
+            round_index = calls["count"] // per_round
+            calls["count"] += 1
+            return base_ms * (3.0 if round_index == 1 else 1.0)
+
+        return run
+
+    fast, slow = side_by_side(
+        [runner(1.0), runner(2.0)], runner(4.0), Protocol(warmup=0, repeats=1, rounds=3), self_timed=True
+    )
+    assert fast.round_speedups == pytest.approx((4.0, 4.0, 4.0))
+    assert slow.round_speedups == pytest.approx((2.0, 2.0, 2.0))
+    assert [f / s for f, s in zip(fast.round_speedups, slow.round_speedups, strict=True)] == pytest.approx([2.0] * 3)
+    assert fast.reference_median_ms == slow.reference_median_ms == pytest.approx(4.0)
+
+
+def test_side_by_side_of_one_candidate_measures_what_interleaved_measures():
+    from autotune.measure import side_by_side
+
+    protocol = Protocol(warmup=0, repeats=3, rounds=4)
+
+    def runner(ms: float):
+        return lambda: ms
+
+    (alone,) = side_by_side([runner(2.0)], runner(5.0), protocol, self_timed=True)
+    pair = interleaved(runner(2.0), runner(5.0), protocol, self_timed=True)
+    assert alone == pair
+    assert alone.speedup == pytest.approx(2.5)

@@ -185,7 +185,7 @@ def test_the_saved_config_points_at_the_same_files_from_any_working_directory(tm
     assert saved.runs_dir == project / "runs" and saved.cache_dir == project / ".cache" / "autotune"
 
 
-def test_the_one_liners_are_measured_beside_the_winner_once_and_reused_on_resume(tmp_path, monkeypatch):
+def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(tmp_path, monkeypatch):
     # confirm.repeats differs from measure.repeats: the one-liners must be measured with the confirmation protocol
     config = tiny_config(tmp_path, budget={"builds": 3}, confirm={"top_k": 1, "repeats": 4, "rounds": 1})
     summary = tune(config, strategy="random", isolate=False, progress=False)
@@ -204,6 +204,10 @@ def test_the_one_liners_are_measured_beside_the_winner_once_and_reused_on_resume
     assert {name: row["plan_hash"] for name, row in references.items()} == {
         name: result["plan_hash"] for name, result in stored.items()
     }
+    # the finalist, FP32 and the one-liners were timed in the same rounds: one FP32 reference timing for all
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        confirmed = [*store.confirmations().values(), *store.references().values()]
+    assert len(confirmed) == 4 and len({result.reference_latency_ms for result in confirmed}) == 1
     within = [n for n, r in references.items() if r["accuracy_drop"] <= config.accuracy_budget]
     best = max(within, key=lambda n: references[n]["speedup"], default=None)
     assert summary["best_reference"] == best

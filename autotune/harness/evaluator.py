@@ -140,20 +140,52 @@ class Evaluator:
         """Builds and measures a plan afresh, bypassing the store."""
         return self._run(plan, split, protocol)
 
-    def confirm(self, plan: Plan) -> TrialResult:
-        """Re-measures a finalist on held-out data with the longer confirmation protocol, and stores it.
+    def measure_side_by_side(
+        self, plans: Sequence[Plan], split: str = "evaluation", protocol: Protocol | None = None
+    ) -> list[TrialResult]:
+        """Builds several plans afresh in one trial process and times them against FP32 in the same rounds.
 
-        A reference plan (one of the backend's one-liners) is measured the same way and stored apart from the
-        finalists (``TrialStore.put_reference``): never a build of the search, never a candidate for export.
+        Bypasses the store. When the trial process fails as a whole (a crash, a timeout), each plan is measured
+        alone, so one plan that takes the process down costs the others nothing.
+
+        Returns:
+            One result per plan, in order.
+        """
+        if len(plans) < 2:
+            return [self._run(plan, split, protocol) for plan in plans]
+        if self._inline is not None:
+            return self._inline.run_side_by_side(plans, split, protocol)
+        payload = ([plan.to_dict() for plan in plans], split, protocol.to_dict() if protocol else None)
+        timeout_s = self.config.backend.timeout_s * len(plans)  # the work of one trial per plan
+        if self._pool is not None:
+            status, data = self._pool.call("side_by_side", payload, timeout_s)
+        else:
+            status, data = self._child.request("side_by_side", payload, timeout_s)
+        if status == "result":
+            return [TrialResult.from_dict(item) for item in data]
+        return [self._run(plan, split, protocol) for plan in plans]
+
+    def confirm(self, plan: Plan) -> TrialResult:
+        """Re-measures a finalist on held-out data with the longer confirmation protocol, and stores it."""
+        return self.confirm_side_by_side([plan])[0]
+
+    def confirm_side_by_side(self, plans: Sequence[Plan]) -> list[TrialResult]:
+        """Re-measures finalists on held-out data with the confirmation protocol, all in the same rounds; stores them.
+
+        Confirmed one after another, the same MiniLM plan moved by up to 20 % between passes minutes apart, more
+        than finalists differ; in the same rounds, machine drift falls on all of them alike. A reference plan (one
+        of the backend's one-liners) is measured among them and stored apart from the finalists
+        (``TrialStore.put_reference``): never a build of the search, never a candidate for export.
         """
         confirm = self.config.confirm
         protocol = Protocol(warmup=self.config.measure.warmup, repeats=confirm.repeats, rounds=confirm.rounds)
-        result = self._run(plan, "holdout", protocol)
-        if plan.reference is not None:
-            self.store.put_reference(result)
-        else:
-            self.store.put_confirmation(result)
-        return result
+        results = self.measure_side_by_side(plans, "holdout", protocol)
+        for plan, result in zip(plans, results, strict=True):
+            if plan.reference is not None:
+                self.store.put_reference(result)
+            else:
+                self.store.put_confirmation(result)
+        return results
 
     def references(self) -> tuple[str, ...]:
         """The backend's one-liners (``Backend.references``), as the trial process's backend offers them."""

@@ -87,9 +87,21 @@ class Pool(ABC):
     def _abandon(self, worker: int) -> None:
         """Stops a worker whose answer nobody will read (it is started afresh on its next request)."""
 
-    def call(self, kind: str, payload: Any) -> Outcome:
-        """One request on the first worker while the others are idle (confirmation, references, export)."""
-        return next(self.map([(kind, payload)]))[1]
+    def call(self, kind: str, payload: Any, timeout_s: float | None = None) -> Outcome:
+        """One request on the first worker while the others are idle (confirmation, references, export).
+
+        Args:
+            kind: The request (``handle`` in :mod:`autotune.harness.process`).
+            payload: Its arguments.
+            timeout_s: Its time limit, for a request that does the work of several trials (``side_by_side``);
+                default ``backend.timeout_s``.
+        """
+        default = self.timeout_s
+        self.timeout_s = timeout_s or default  # the deadline that dispatch and collect give this one request
+        try:
+            return next(self.map([(kind, payload)]))[1]
+        finally:
+            self.timeout_s = default
 
     def map(self, requests: list[tuple[str, Any]]) -> Iterator[tuple[int, Outcome]]:
         """Runs requests on the idle workers; yields ``(index, outcome)`` in the order they complete.

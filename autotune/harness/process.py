@@ -50,6 +50,12 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
             plan, split, protocol = payload
             result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
             return "result", result.to_dict()
+        if kind == "side_by_side":
+            plans, split, protocol = payload
+            results = runner.run_side_by_side(
+                [Plan.from_dict(plan) for plan in plans], split, Protocol(**protocol) if protocol else None
+            )
+            return "result", [result.to_dict() for result in results]
         if kind == "layerwise":
             choices = runner.layerwise
             return "result", None if choices is None else {"methods": choices.methods, "errors": choices.errors}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,35 @@ from autotune.harness.prepare import (
     prepare_backend,
     search_space,
 )
-from autotune.measure import Protocol, interleaved
+from autotune.measure import Latency, Protocol, interleaved, side_by_side
 from autotune.metrics import fidelity, score
 from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE, lower
 from autotune.trial import TrialResult
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """A plan built and scored, waiting to be timed."""
+
+    plan: Plan
+    artifact: Any
+    outputs: list
+    accuracy: float
+    build_s: float
+    scored_s: float
+
+
+def _time_alone(
+    timer: Callable[[], float], reference: Callable[[], float], protocol: Protocol
+) -> tuple[Latency | str, float]:
+    """One engine against the reference alone: its latency or its error, and the seconds it took."""
+    start = time.perf_counter()
+    try:
+        return interleaved(timer, reference, protocol, self_timed=True), time.perf_counter() - start
+    except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
+        return f"{type(error).__name__}: {error}", time.perf_counter() - start
 
 
 class TrialRunner:
@@ -125,7 +150,69 @@ class TrialRunner:
 
     def run(self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None) -> TrialResult:
         """Builds, scores and times one plan; every failure comes back as a failed result."""
+        return self.run_side_by_side([plan], split, protocol)[0]
+
+    def run_side_by_side(
+        self, plans: Sequence[Plan], split: str = "evaluation", protocol: Protocol | None = None
+    ) -> list[TrialResult]:
+        """Builds and scores every plan, then times them all against FP32 in the same rounds (``side_by_side``).
+
+        Every failure is the failed result of its own plan: a plan that does not build or score is left out of the
+        timing, and when timing them together fails, each plan is timed alone, so one bad engine costs no other
+        plan its measurement.
+
+        Returns:
+            One result per plan, in order.
+        """
         protocol = protocol or Protocol(**self.config.measure.model_dump())
+        feeds = self.datasets[split].batches[0]
+        results: list[TrialResult | None] = [None] * len(plans)
+        pending: list[tuple[int, _Scored]] = []
+        for index, plan in enumerate(plans):
+            outcome = self._build_and_score(plan, split)
+            if isinstance(outcome, TrialResult):
+                results[index] = outcome
+            else:
+                pending.append((index, outcome))
+        timers = [self._timer(item.artifact, feeds) for _, item in pending]
+        reference = self._timer(self.reference, feeds)
+        start = time.perf_counter()
+        try:
+            latencies = side_by_side(timers, reference, protocol, self_timed=True)
+            share_s = (time.perf_counter() - start) / max(1, len(pending))
+            timed: list[tuple[Latency | str, float]] = [(latency, share_s) for latency in latencies]
+        except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
+            if len(timers) == 1:
+                timed = [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
+            else:  # each alone, so the failure of one engine stays its own
+                timed = [_time_alone(timer, reference, protocol) for timer in timers]
+        for (index, item), (latency, seconds) in zip(pending, timed, strict=True):
+            if isinstance(latency, str):
+                results[index] = TrialResult.failure(item.plan, latency, split=split, total_s=item.scored_s + seconds)
+                continue
+            results[index] = TrialResult(
+                plan=item.plan,
+                latency_ms=latency.median_ms,
+                latency_iqr_ms=latency.iqr_ms,
+                reference_latency_ms=latency.reference_median_ms,
+                reference_latency_iqr_ms=latency.reference_iqr_ms,
+                speedup=latency.speedup,
+                accuracy=item.accuracy,
+                reference_accuracy=self.reference_accuracy[split],
+                accuracy_drop=self.reference_accuracy[split] - item.accuracy,
+                fidelity=fidelity(item.outputs, self.reference_outputs[split]),
+                build_s=item.build_s,
+                total_s=item.scored_s + seconds,
+                protocol=protocol.to_dict(),
+                split=split,
+            )
+        return [result for result in results if result is not None]
+
+    def _timer(self, artifact: Any, feeds: Any) -> Callable[[], float]:
+        return lambda: self.backend.time_run(artifact, feeds)
+
+    def _build_and_score(self, plan: Plan, split: str) -> _Scored | TrialResult:
+        """The plan's engine and accuracy on ``split``, or its failed result."""
         start = time.perf_counter()
         problems = self.space.violations(plan) if plan.reference is None else self._reference_problems(plan)
         if problems:
@@ -135,33 +222,11 @@ class TrialRunner:
             build_s = time.perf_counter() - start
             outputs = self._outputs(artifact, self.datasets[split])
             accuracy = self._score(outputs, split)
-            feeds = self.datasets[split].batches[0]
-            latency = interleaved(
-                lambda: self.backend.time_run(artifact, feeds),
-                lambda: self.backend.time_run(self.reference, feeds),
-                protocol,
-                self_timed=True,
-            )
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
             return TrialResult.failure(
                 plan, f"{type(error).__name__}: {error}", split=split, total_s=time.perf_counter() - start
             )
-        return TrialResult(
-            plan=plan,
-            latency_ms=latency.median_ms,
-            latency_iqr_ms=latency.iqr_ms,
-            reference_latency_ms=latency.reference_median_ms,
-            reference_latency_iqr_ms=latency.reference_iqr_ms,
-            speedup=latency.speedup,
-            accuracy=accuracy,
-            reference_accuracy=self.reference_accuracy[split],
-            accuracy_drop=self.reference_accuracy[split] - accuracy,
-            fidelity=fidelity(outputs, self.reference_outputs[split]),
-            build_s=build_s,
-            total_s=time.perf_counter() - start,
-            protocol=protocol.to_dict(),
-            split=split,
-        )
+        return _Scored(plan, artifact, outputs, accuracy, build_s, time.perf_counter() - start)
 
     def _reference_problems(self, plan: Plan) -> list[str]:
         """Why a reference plan is not one of this run's: an unknown one-liner, or other layers or knobs."""

@@ -34,6 +34,9 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert [(r["strategy"], r["seed"]) for r in results] == [("fp32", 0), ("random", 0), ("random", 1)]
     assert all(r["builds"] <= 3 for r in results)
+    for row in results:  # the exported plan is kept with the figures, to be measured again after the runs are gone
+        exported = out / "runs" / f"{row['strategy']}-s{row['seed']}" / "best" / "plan.json"
+        assert row["winner_plan"] == json.loads(exported.read_text())
     children = [r for r in results if r["strategy"] == "random"]
     assert all(len(r["cpus"]) == 1 for r in children)  # pinned: one core each, not the whole machine
     assert len(results[0]["cpus"]) == len(os.sched_getaffinity(0))  # the first run went alone, unpinned
@@ -56,13 +59,13 @@ def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     # every run measured the backend's one-liners beside its finalists: one row each, over the three runs
     assert re.search(r"^\| ort-static \(one-liner\) \| 3 runs \| - \| \d", text, flags=re.M), text
     assert re.search(r"^\| ort-dynamic \(one-liner\) \| 3 runs \| - \| \d", text, flags=re.M), text
-    # --reevaluate measures each finished run's exported winner again, here, one after another
+    # --reevaluate measures every finished run's exported winner again, here, side by side with the one-liners
     again = _bench(config, out, "--reevaluate")
     assert again.returncode == 0, again.stdout + again.stderr
     rows = json.loads((out / "reevaluated.json").read_text())
     runs = [("fp32", 0), ("random", 0), ("random", 1)]
     assert [(r["strategy"], r["seed"]) for r in rows] == [*runs, ("ort-static", 0), ("ort-dynamic", 0)]
-    for row in rows[3:]:  # the one-liners, measured once each after the winners
+    for row in rows[3:]:  # the one-liners, measured in the same rounds as the winners
         assert row["plan"] == f"reference {row['strategy']} (the backend's one-liner)"
         assert row["speedup"] > 0 and row["error"] is None
     for row in rows[:3]:

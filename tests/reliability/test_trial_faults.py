@@ -157,3 +157,19 @@ def test_trial_process_ends_quietly_when_the_run_stops_mid_trial(tmp_path, monke
     assert faults.calls(folder) == 1  # the trial did run to its answer
     assert process.exitcode == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_plan_that_kills_the_trial_process_side_by_side_costs_the_others_nothing(tmp_path, monkeypatch):
+    # calls 1-2: the first two plans scored side by side, the second kills the process; then each alone:
+    # call 3 the first (ok), call 4 the second (killed again), call 5 the third (ok)
+    folder = faults.write_plan(tmp_path / "faults", {"2": "kill", "4": "kill"})
+    monkeypatch.setenv(faults.ENV, str(folder))
+    config = _faulty_config(tmp_path, timeout_s=30)
+    plans = _plans(config, 3)
+    with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
+        results = evaluator.measure_side_by_side(plans, "holdout")
+        assert [r.status for r in results] == [OK, FAILED, OK]
+        assert results[1].error == "the trial process died (exit code -9)"
+        assert all(r.speedup > 0 and r.split == "holdout" for r in (results[0], results[2]))
+        assert len(store) == 0  # measured, not committed: side by side bypasses the store
+    assert faults.calls(folder) == 5

@@ -1,0 +1,57 @@
+"""autotune.harness.runner: plans measured side by side, each failure its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.harness.runner import TrialRunner
+from autotune.measure import Protocol
+from autotune.plan import Plan
+from autotune.testing import tiny_config
+from autotune.trial import FAILED, OK
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    return TrialRunner(tiny_config(tmp_path_factory.mktemp("runner")))
+
+
+def test_plans_side_by_side_share_the_rounds_and_a_plan_outside_the_space_fails_alone(runner):
+    int8, fp32 = runner.space.uniform("int8"), runner.space.uniform("fp32")
+    outside = Plan.make({**int8.precision_map, runner.space.layer_names[0]: "fp8"}, int8.knob_map)
+    protocol = Protocol(warmup=1, repeats=2, rounds=3)
+    results = runner.run_side_by_side([int8, outside, fp32], "holdout", protocol)
+    assert [r.status for r in results] == [OK, FAILED, OK]
+    assert [r.plan for r in results] == [int8, outside, fp32]
+    assert "plan outside the search space" in results[1].error
+    # one FP32 reference timing serves both: they were timed in the same rounds
+    assert results[0].reference_latency_ms == results[2].reference_latency_ms
+    assert all(r.split == "holdout" and r.protocol == protocol.to_dict() for r in (results[0], results[2]))
+    assert results[0].accuracy_drop is not None and results[2].accuracy_drop == pytest.approx(0.0)
+
+
+def test_an_engine_that_fails_while_timed_fails_alone_and_the_others_are_timed_without_it(runner, monkeypatch):
+    int8, fp32 = runner.space.uniform("int8"), runner.space.uniform("fp32")
+    engines = []
+    build = runner.build
+
+    def remember(plan, workdir):
+        engine = build(plan, workdir)
+        engines.append((plan, engine))
+        return engine
+
+    time_run = runner.backend.time_run
+
+    def broken_for_int8(artifact, feeds):
+        if any(plan == int8 and engine is artifact for plan, engine in engines):
+            raise RuntimeError("the engine stopped")
+        return time_run(artifact, feeds)
+
+    monkeypatch.setattr(runner, "build", remember)
+    monkeypatch.setattr(runner.backend, "time_run", broken_for_int8)
+    results = runner.run_side_by_side([int8, fp32], "evaluation", Protocol(warmup=0, repeats=2, rounds=2))
+    assert [r.status for r in results] == [FAILED, OK]
+    assert results[0].error == "RuntimeError: the engine stopped"
+    assert results[1].speedup > 0
+    (alone,) = runner.run_side_by_side([int8], "evaluation", Protocol(warmup=0, repeats=1, rounds=1))
+    assert alone.status == FAILED and alone.error == "RuntimeError: the engine stopped"
