@@ -12,6 +12,7 @@ from pathlib import Path
 from autotune import api
 from autotune.config import ConfigError, load_config
 from autotune.harness.process import LOG_FORMAT
+from autotune.measure import compare_rounds
 from autotune.plan import PRECISIONS
 from autotune.tune import STRATEGIES, export_ranked, tune
 
@@ -75,20 +76,24 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
         header = f"{'plan':<24} {'speedup':>8} {'latency ms':>11} {'FP32 ms':>9} {'metric':>9} {'drop':>9}"
-        print(f"{header}   ({args.split} data)")
+        print(f"{header} {'over the first, by round':>25}   ({args.split} data)")
         for spec, row in zip(specs, results, strict=True):
-            print(_side_by_side_row(spec, row))
+            print(_side_by_side_row(spec, row, results[0]))
     return 0 if all(result["status"] == "ok" for result in results) else 1
 
 
-def _side_by_side_row(spec: str, row: dict) -> str:
+def _side_by_side_row(spec: str, row: dict, first: dict) -> str:
+    """One plan's line; the last column compares it with the first plan, round by round (they shared rounds)."""
     label = Path(spec).name if spec.endswith(".json") else spec
     if row["status"] != "ok" or row.get("speedup") is None:
         error = str(row.get("error") or "no result").strip().splitlines()
         return f"{label:<24} failed: {error[-1] if error else 'no result'}"
+    rounds = row.get("round_speedups") or []
+    compared = None if row is first else compare_rounds(rounds, first.get("round_speedups") or [])
+    over = "-" if compared is None else f"{compared[0]:.2f}x, faster in {compared[1]}/{len(rounds)}"
     return (
         f"{label:<24} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['reference_latency_ms']:>9.3f} "
-        f"{row['accuracy']:>9.4f} {row['accuracy_drop']:>9.4g}"
+        f"{row['accuracy']:>9.4f} {row['accuracy_drop']:>9.4g} {over:>25}"
     )
 
 

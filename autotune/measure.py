@@ -158,3 +158,20 @@ def _rounds(
         ratios = tuple(r / c for r, c in zip(round_medians[0], round_medians[runner], strict=True))
         latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios))
     return latencies
+
+
+def compare_rounds(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, int] | None:
+    """How much faster ``candidate`` ran than ``baseline`` when the two were timed side by side.
+
+    Args:
+        candidate: A plan's per-round speedups over FP32 (``Latency.round_speedups``).
+        baseline: Another plan's, from the same rounds.
+
+    Returns:
+        The median over the rounds of candidate over baseline, and in how many rounds the candidate was the
+        faster; None when the two do not share their rounds (different lengths, or none).
+    """
+    if not candidate or len(candidate) != len(baseline):
+        return None
+    ratios = [c / b for c, b in zip(candidate, baseline, strict=True)]
+    return float(np.median(ratios)), sum(ratio > 1 for ratio in ratios)

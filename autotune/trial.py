@@ -25,7 +25,9 @@ class TrialResult:
         latency_iqr_ms: Its interquartile range.
         reference_latency_ms: Median latency of the FP32 reference timed interleaved in the same process.
         reference_latency_iqr_ms: Its interquartile range.
-        speedup: ``reference_latency_ms / latency_ms``.
+        speedup: How many times faster than FP32: the median of ``round_speedups``.
+        round_speedups: Per round of the protocol, FP32's median latency over the plan's. Plans measured side by
+            side share their rounds, so their lists line up: the ratio at one index compares two plans directly.
         accuracy: The configured metric on the plan's outputs.
         reference_accuracy: The same metric for the FP32 reference.
         accuracy_drop: ``reference_accuracy - accuracy``, in the metric's units.
@@ -47,6 +49,7 @@ class TrialResult:
     reference_latency_ms: float | None = None
     reference_latency_iqr_ms: float | None = None
     speedup: float | None = None
+    round_speedups: list[float] = field(default_factory=list)
     accuracy: float | None = None
     reference_accuracy: float | None = None
     accuracy_drop: float | None = None

@@ -36,6 +36,7 @@ import numpy as np
 
 from autotune import api
 from autotune.config import TuneConfig, load_config
+from autotune.measure import compare_rounds
 from autotune.plan import Plan
 from autotune.search.reward import meets_budget, reward
 from autotune.store import TrialStore
@@ -391,6 +392,7 @@ def _reevaluated(strategy: str, seed: int, measured: dict, accuracy_budget: floa
         "layers": len(plan.precisions),
         "knobs": plan.knob_map,
         "speedup": measured["speedup"],
+        "round_speedups": measured.get("round_speedups") or [],
         "accuracy_drop": measured["accuracy_drop"],
         "within_budget": measured["accuracy_drop"] is not None and measured["accuracy_drop"] <= accuracy_budget,
         "error": measured["error"],
@@ -408,15 +410,32 @@ def reevaluation_table(rows: list[dict]) -> str:
             f"| {strategy} | {len(mine)} | {_cell([r['speedup'] for r in mine], '.2f')} "
             f"| {_cell([r['accuracy_drop'] for r in mine], '.4f')} | {within}/{len(mine)} |"
         )
-    lines += ["", "| run | speedup | accuracy drop | layers not FP32 | knobs |", "|---|---|---|---|---|"]
+    greedy = next((r for r in rows if r["strategy"] == "greedy"), None)
+    lines += [
+        "",
+        "| run | speedup | over greedy, round by round | accuracy drop | layers not FP32 | knobs |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         speedup = "failed: " + str(r["error"]) if r["speedup"] is None else f"{r['speedup']:.2f}"
         drop = "-" if r["accuracy_drop"] is None else f"{r['accuracy_drop']:.4f}"
         knobs = ", ".join(f"{k}={v}" for k, v in sorted(r["knobs"].items()))
         lines.append(
-            f"| {r['strategy']}-s{r['seed']} | {speedup} | {drop} | {r['quantized_layers']}/{r['layers']} | {knobs} |"
+            f"| {r['strategy']}-s{r['seed']} | {speedup} | {over_rounds(r, greedy)} | {drop} "
+            f"| {r['quantized_layers']}/{r['layers']} | {knobs} |"
         )
     return "\n".join(lines)
+
+
+def over_rounds(row: dict, base: dict | None) -> str:
+    """How much faster ``row`` ran than ``base`` in the rounds they shared.
+
+    The median of the per-round ratios and the rounds in which it was the faster; ``-`` for ``base`` itself or
+    without shared rounds.
+    """
+    rounds = row.get("round_speedups") or []
+    compared = None if row is base else compare_rounds(rounds, (base or {}).get("round_speedups") or [])
+    return "-" if compared is None else f"{compared[0]:.2f}x ({compared[1]}/{len(rounds)} rounds faster)"
 
 
 def main() -> int:

@@ -1,11 +1,12 @@
 """How a tuning run scales with trial workers, and what busy neighbours do to a measurement.
 
-Usage (a 16-core host; each call fits in 9 minutes with these budgets; results accumulate in ``--out``):
-    python bench/scaling.py configs/minilm-cpu.yaml --workers 1 --budget 24 --out bench/results/scaling-minilm
-    python bench/scaling.py configs/minilm-cpu.yaml --workers 2 4 --budget 24 --out bench/results/scaling-minilm
-    python bench/scaling.py configs/minilm-cpu.yaml --workers 8 --budget 24 --out bench/results/scaling-minilm
-    python bench/scaling.py configs/minilm-cpu.yaml --interference 1 2 4 8 --plans 3 --out bench/results/scaling-minilm
-    python bench/scaling.py configs/minilm-cpu.yaml --reevaluate --out bench/results/scaling-minilm
+Usage (a 16-core host; each call fits in 10 minutes with these budgets; results accumulate in ``--out``; the
+commands behind every table are in docs/benchmarks.md), with short trials, so the workers' throughput is measured:
+    S="--set measure.rounds=3 --set search.calibration_methods=[max] --set confirm.top_k=1 --set confirm.references=[]"
+    python bench/scaling.py configs/minilm-cpu.yaml --workers 8 --budget 160 $S --out bench/results/scaling-minilm-long
+    python bench/scaling.py configs/minilm-cpu.yaml --workers 1 --budget 12 $S --out bench/results/scaling-minilm-long
+    python bench/scaling.py configs/minilm-cpu.yaml --interference 8 --plans 3 $S --out bench/results/scaling-minilm
+    python bench/scaling.py configs/minilm-cpu.yaml --reevaluate --budget 12 $S --out bench/results/scaling-minilm-long
     add --set execution.backend=ray to run the same through Ray actors (a local Ray cluster unless ray_address)
 
 Scaling: one ``autotune baseline``-style run per worker count (same strategy, seed and build budget; every worker
@@ -18,8 +19,9 @@ Interference: the same few plans measured on worker 0 alone, then with the other
 measuring random plans the whole time; each measurement interleaves the FP32 reference as every trial does, so
 the speedup should hold even where the latency moves.
 
-``--reevaluate`` measures every run's exported winner again on one worker, alone, on the held-out split with the
-confirmation protocol: the figure to compare across worker counts.
+``--reevaluate`` measures every run's exported winner again on one worker with no other worker busy, all winners
+side by side (in the same rounds), on the held-out split with the confirmation protocol: the figure to compare
+across worker counts.
 
 Writes ``scaling.json`` and ``scaling.md`` in ``--out``.
 """
@@ -123,14 +125,17 @@ def add_ratios(results: dict[str, Any]) -> None:
 
 
 def reevaluate(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """Every run's winner measured again on one worker, alone, on held-out data, with the confirmation protocol."""
+    """Every run's winner measured again on one worker with no other busy, side by side in the same rounds.
+
+    On held-out data, with the confirmation protocol.
+    """
     config = worker_config(args.config, 1, args.cores_per_worker, args.budget, args.out, [*args.set, "name=reeval"])
     config = config.model_copy(update={"execution": config.execution.model_copy(update={"backend": "local"})})
     protocol = Protocol(warmup=config.measure.warmup, repeats=config.confirm.repeats, rounds=config.confirm.rounds)
     with TrialStore(args.out / "reevaluate.sqlite") as store, Evaluator(config, store) as evaluator:
-        for row in results["scaling"].values():
-            plan = Plan.from_dict(json.loads((Path(row["run_dir"]) / "best" / "plan.json").read_text()))
-            result = evaluator.measure(plan, "holdout", protocol)
+        rows = list(results["scaling"].values())
+        plans = [Plan.from_dict(json.loads((Path(row["run_dir"]) / "best" / "plan.json").read_text())) for row in rows]
+        for row, result in zip(rows, evaluator.measure_side_by_side(plans, "holdout", protocol), strict=True):
             row["winner_speedup_alone"] = result.speedup
             row["winner_drop_alone"] = result.accuracy_drop
 

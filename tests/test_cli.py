@@ -161,7 +161,11 @@ def test_evaluate_measures_several_plans_side_by_side_in_one_process(config_file
     assert lines[0].split()[:2] == ["plan", "speedup"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert list(rows) == ["int8", "ort-static", "fp32"]
-    assert all(len(row) == 6 for row in rows.values())
+    assert rows["int8"][6:] == ["-"]  # the first plan is what the others are compared with, round by round
+    for row in (rows["ort-static"], rows["fp32"]):  # tiny_config: one round
+        assert row[6].endswith("x,") and row[7:9] == ["faster", "in"] and row[9] in ("0/1", "1/1")
+        ratio, faster = float(row[6][:-2]), row[9] == "1/1"
+        assert faster == (ratio > 1)
 
     assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "ort-static", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
@@ -169,6 +173,7 @@ def test_evaluate_measures_several_plans_side_by_side_in_one_process(config_file
     assert results[0]["plan"]["knobs"] != results[1]["plan"]["knobs"]
     for result in results:
         assert result["speedup"] == pytest.approx(result["reference_latency_ms"] / result["latency_ms"])
+        assert len(result["round_speedups"]) == 1
         assert Path(result["artifact"]).exists()
 
     # every spec is checked before the first build

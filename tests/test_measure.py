@@ -188,3 +188,13 @@ def test_side_by_side_of_one_candidate_measures_what_interleaved_measures():
     pair = interleaved(runner(2.0), runner(5.0), protocol, self_timed=True)
     assert alone == pair
     assert alone.speedup == pytest.approx(2.5)
+
+
+def test_two_plans_timed_side_by_side_compare_round_by_round():
+    from autotune.measure import compare_rounds
+
+    # per round: 1.25x, 0.8x, 1.2x of the baseline
+    assert compare_rounds([2.5, 1.6, 1.8], [2.0, 2.0, 1.5]) == (pytest.approx(1.2), 2)
+    assert compare_rounds([2.0, 2.0], [2.0, 2.0]) == (1.0, 0)  # a tie is not faster
+    assert compare_rounds([2.0], [2.0, 2.0]) is None  # not the same rounds
+    assert compare_rounds([], []) is None

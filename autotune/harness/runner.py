@@ -197,6 +197,7 @@ class TrialRunner:
                 reference_latency_ms=latency.reference_median_ms,
                 reference_latency_iqr_ms=latency.reference_iqr_ms,
                 speedup=latency.speedup,
+                round_speedups=list(latency.round_speedups),
                 accuracy=item.accuracy,
                 reference_accuracy=self.reference_accuracy[split],
                 accuracy_drop=self.reference_accuracy[split] - item.accuracy,

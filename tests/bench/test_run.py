@@ -92,3 +92,14 @@ def test_the_table_times_every_strategy_against_greedys_confirmed_speedup():
     assert rows["greedy"].endswith("| 3 |")
     assert rows["ppo"].endswith("| 2 (1/2 never) |")
     assert greedy_rows([run("ppo", 2.0, [1.0])]) == []
+
+
+def test_a_winner_is_compared_with_greedy_round_by_round():
+    from bench.run import over_rounds
+
+    greedy = {"round_speedups": [1.0, 2.0, 1.5, 1.2]}
+    agent = {"round_speedups": [1.1, 2.4, 1.2, 1.5]}  # per round: 1.1x, 1.2x, 0.8x, 1.25x of greedy
+    assert over_rounds(agent, greedy) == "1.15x (3/4 rounds faster)"
+    assert over_rounds(greedy, greedy) == "-"
+    assert over_rounds(agent, None) == "-"
+    assert over_rounds(agent, {"round_speedups": [1.0, 2.0]}) == "-"  # not timed in the same rounds

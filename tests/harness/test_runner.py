@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autotune.harness.runner import TrialRunner
@@ -28,6 +29,9 @@ def test_plans_side_by_side_share_the_rounds_and_a_plan_outside_the_space_fails_
     assert results[0].reference_latency_ms == results[2].reference_latency_ms
     assert all(r.split == "holdout" and r.protocol == protocol.to_dict() for r in (results[0], results[2]))
     assert results[0].accuracy_drop is not None and results[2].accuracy_drop == pytest.approx(0.0)
+    for result in (results[0], results[2]):  # the speedup is the median of the rounds each result keeps
+        assert len(result.round_speedups) == protocol.rounds
+        assert result.speedup == pytest.approx(float(np.median(result.round_speedups)))
 
 
 def test_an_engine_that_fails_while_timed_fails_alone_and_the_others_are_timed_without_it(runner, monkeypatch):
