@@ -1,7 +1,8 @@
 """The latency protocol: warm-up after every switch, repeats, rounds, and the reference interleaved.
 
-One candidate against the reference (``interleaved``: every trial) or several in the same rounds
-(``side_by_side``: the finalists of a run, plans compared by ``autotune evaluate``).
+One candidate against the reference, the reference first in every round (``interleaved``), or any number of
+candidates in the same rounds, the order rotating (``side_by_side``: every trial, with its one plan; a run's
+finalists; the plans ``autotune evaluate`` compares).
 """
 
 from __future__ import annotations

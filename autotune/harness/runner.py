@@ -174,6 +174,8 @@ class TrialRunner:
                 results[index] = outcome
             else:
                 pending.append((index, outcome))
+        if not pending:  # nothing built: no FP32 rounds to time
+            return [result for result in results if result is not None]
         timers = [self._timer(item.artifact, feeds) for _, item in pending]
         reference = self._timer(self.reference, feeds)
         start = time.perf_counter()

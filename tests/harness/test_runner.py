@@ -59,3 +59,14 @@ def test_an_engine_that_fails_while_timed_fails_alone_and_the_others_are_timed_w
     assert results[1].speedup > 0
     (alone,) = runner.run_side_by_side([int8], "evaluation", Protocol(warmup=0, repeats=1, rounds=1))
     assert alone.status == FAILED and alone.error == "RuntimeError: the engine stopped"
+
+
+def test_a_side_by_side_request_of_plans_that_all_fail_times_nothing(runner, monkeypatch):
+    int8 = runner.space.uniform("int8")
+    outside = Plan.make({**int8.precision_map, runner.space.layer_names[0]: "fp8"}, int8.knob_map)
+
+    timed = []
+    monkeypatch.setattr(runner.backend, "time_run", lambda artifact, feeds: timed.append(artifact) or 1.0)
+    (result,) = runner.run_side_by_side([outside], "evaluation")
+    assert result.status == FAILED and "plan outside the search space" in result.error
+    assert timed == []  # FP32 was not timed with no plan beside it
