@@ -22,9 +22,9 @@ from autotune.harness.memory import (
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, Plan
 from autotune.rundir import RunDir
-from autotune.search.estimate import RefittedEstimates
+from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
 from autotune.search.reward import meets_budget
-from autotune.search.select import confirmation_order, ranking
+from autotune.search.select import confirmation_order, expected_speedups, ranking
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import INDEPENDENT_SEARCHES, SEARCHES, SearchContext, search_fixed
 from autotune.store import TrialStore
@@ -40,6 +40,22 @@ def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[
     return [done[plan.hash] for plan in plans]
 
 
+def finalist_order(store: TrialStore, config: TuneConfig, fp32: Plan) -> tuple[list[Plan], dict[str, float]]:
+    """The store's measured plans in the order they are confirmed (the first ``confirm.top_k`` are the finalists).
+
+    Ranked by what the plans are expected to hold, not by one short measurement each
+    (:func:`autotune.search.select.expected_speedups`); FP32 is left out (it is confirmed as the reference).
+
+    Returns:
+        The plans in order, and each measured plan's expected speedup by hash.
+    """
+    trials = list(store.trials())
+    # The FP32 plan's knobs are the defaults, which the model gives no term.
+    expected = expected_speedups(trials, fit_surrogate(trials, dict(fp32.knobs), ACCURACY_KNOBS))
+    order = [r.plan for r in confirmation_order(trials, config, expected) if r.plan_hash != fp32.hash]
+    return order, expected
+
+
 def confirm_finalists(
     evaluator: Evaluator, store: TrialStore, config: TuneConfig, fp32: Plan, one_liners: Sequence[Plan] = ()
 ) -> list[TrialResult]:
@@ -53,7 +69,7 @@ def confirm_finalists(
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
-    order = [r.plan for r in confirmation_order(store.trials(), config) if r.plan_hash != fp32.hash]
+    order, _ = finalist_order(store, config, fp32)
     top_k = config.confirm.top_k
     finalists = [*order[:top_k], fp32]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners])[: len(finalists)]

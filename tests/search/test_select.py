@@ -1,5 +1,8 @@
+import itertools
+
 from autotune.plan import Plan
-from autotune.search.select import confirmation_order, pareto_front
+from autotune.search.estimate import fit_surrogate
+from autotune.search.select import confirmation_order, expected_speedups, pareto_front
 from autotune.testing import tiny_config
 from autotune.trial import TrialResult
 
@@ -17,7 +20,7 @@ def test_pareto_front_keeps_only_undominated_points_fastest_first():
     assert [(r.speedup, r.accuracy_drop) for r in pareto_front(results)] == [(3.0, 0.05), (2.0, 0.01), (1.0, 0.0)]
 
 
-def test_confirmation_order_walks_the_within_budget_front_then_the_rest_by_reward(tmp_path):
+def test_confirmation_order_puts_the_fastest_within_budget_first_then_the_rest_by_reward(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01)
     results = [
         _result("edge", 2.0, 0.0099),
@@ -38,3 +41,59 @@ def test_headroom_makes_the_search_aim_below_the_budget(tmp_path):
     results = [_result("edge", 2.0, 0.0099), _result("safe", 1.5, 0.007)]
     # the plan at the edge of the full budget is no longer on the within-budget front the search confirms first
     assert [r.plan.precisions[0][0] for r in confirmation_order(results, config)][0] == "safe"
+
+
+def test_one_finalist_place_goes_to_a_faster_plan_between_the_search_budget_and_the_accuracy_budget(tmp_path):
+    config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 3})
+    results = [
+        _result("fast", 1.5, 0.007),
+        _result("next", 1.4, 0.006),
+        _result("safer", 1.2, 0.001),
+        _result("slow_safe", 1.1, 0.0005),
+        _result("bold", 2.0, 0.009),
+        _result("bold_but_slower", 1.45, 0.0095),
+        _result("over", 3.0, 0.02),
+    ]
+    order = [r.plan.precisions[0][0] for r in confirmation_order(results, config)]
+    # top_k - 1 fastest within the search budget, the bold bet, then the front of the rest within it, then reward
+    assert order[:5] == ["fast", "next", "bold", "safer", "slow_safe"]
+    assert set(order[5:]) == {"bold_but_slower", "over"}
+
+
+def test_no_bold_place_when_no_plan_between_the_budgets_is_faster_than_the_search_budget_s_best(tmp_path):
+    config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 3})
+    results = [_result("fast", 1.5, 0.007), _result("next", 1.4, 0.006), _result("third", 1.3, 0.005)]
+    results.append(_result("slower_zone", 1.45, 0.009))
+    assert [r.plan.precisions[0][0] for r in confirmation_order(results, config)][:3] == ["fast", "next", "third"]
+
+
+def _subset_trials(lucky: float, best_measured: float) -> list[TrialResult]:
+    """Every subset of four layers in INT8, each saving 10 % of the FP32 time; two of them measured off the truth."""
+    layers = [f"l{i}" for i in range(4)]
+    trials = []
+    for mask in itertools.product([False, True], repeat=4):
+        plan = Plan.make({name: "int8" if on else "fp32" for name, on in zip(layers, mask, strict=True)})
+        speedup = 1.0 / (1.0 - 0.1 * sum(mask))
+        if mask == (True, False, False, False):
+            speedup = lucky  # one short measurement that caught a quiet spell
+        elif all(mask):
+            speedup = best_measured
+        trials.append(TrialResult(plan=plan, speedup=speedup, accuracy_drop=0.001 * sum(mask)))
+    return trials
+
+
+def test_expected_speedups_keep_one_lucky_measurement_from_outranking_the_plan_that_is_fastest(tmp_path):
+    config = tiny_config(tmp_path, accuracy_budget=0.01)
+    trials = _subset_trials(lucky=1.75, best_measured=1.6)
+    lucky, best = (t for t in trials if sum(p == "int8" for _, p in t.plan.precisions) in (1, 4) and t.speedup > 1.5)
+    assert confirmation_order(trials, config)[0].plan_hash == lucky.plan_hash  # by the measurements alone
+    expected = expected_speedups(trials, fit_surrogate(trials, {}))
+    assert confirmation_order(trials, config, expected)[0].plan_hash == best.plan_hash
+    assert 1.11 < expected[lucky.plan_hash] < lucky.speedup
+
+
+def test_expected_speedups_are_the_measurements_without_a_model():
+    trials = _subset_trials(lucky=1.75, best_measured=1.6)
+    trials.append(TrialResult.failure(trials[0].plan, "build failed"))
+    expected = expected_speedups(trials, None)
+    assert expected == {t.plan_hash: t.speedup for t in trials if t.ok}
