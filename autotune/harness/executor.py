@@ -25,7 +25,7 @@ from typing import Any
 from autotune.config import ConfigError, TuneConfig
 from autotune.extras import require
 from autotune.harness.prepare import SetupError
-from autotune.harness.process import ChildRunner, handle, place_worker, prepare_runner
+from autotune.harness.process import ChildRunner, handle, place_worker, prepare_runner, source_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -211,14 +211,21 @@ class RayWorker:
         cache_files: The first worker's cache folder (relative path to bytes), written before preparing, so a
             worker on another node does not calibrate again.
         cores: CPUs to pin the actor to, or None.
+        source: The run's source fingerprint: an actor importing other autotune code refuses to serve.
     """
 
-    def __init__(self, config_data: dict, cache_files: dict[str, bytes] | None = None, cores: list[int] | None = None):
+    def __init__(
+        self,
+        config_data: dict,
+        cache_files: dict[str, bytes] | None = None,
+        cores: list[int] | None = None,
+        source: str | None = None,
+    ):
         place_worker(cores, None)
         if cache_files:
             restore_cache(Path(config_data["cache_dir"]), cache_files)
         self.cache_dir = Path(config_data["cache_dir"])
-        self.runner, self.setup = prepare_runner(config_data)
+        self.runner, self.setup = prepare_runner(config_data, source)
 
     def ready(self) -> Outcome:
         """``("ready", None)``, or ``("setup_error", message)``."""
@@ -265,12 +272,13 @@ class RayPool(Pool):
             num_cpus=config.backend.intra_op_threads, num_gpus=1 if gpus else 0, max_restarts=0
         )(RayWorker)
         self._config_data = self.config.model_dump(mode="json")
+        self._source = source_fingerprint()
         self._cache: Any = None
         self.actors: list[Any] = [None] * size
         self._pending: dict[int, Any] = {}
 
     def _new_actor(self) -> Any:
-        return self._actor_class.remote(self._config_data, self._cache)
+        return self._actor_class.remote(self._config_data, self._cache, None, self._source)
 
     def _check(self, outcome: Outcome) -> None:
         if outcome[0] == "setup_error":
@@ -278,7 +286,7 @@ class RayPool(Pool):
 
     def start(self) -> None:
         """Starts the first actor, ships its cache files to the others, and waits until all are prepared."""
-        first = self._actor_class.remote(self._config_data, None)
+        first = self._actor_class.remote(self._config_data, None, None, self._source)
         self._check(self.ray.get(first.ready.remote()))
         self._cache = self.ray.put(self.ray.get(first.cache_files.remote()))
         self.actors = [first, *(self._new_actor() for _ in range(self.size - 1))]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -69,8 +71,41 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
         return "error", traceback.format_exc()
 
 
-def prepare_runner(config_data: dict) -> tuple[TrialRunner | None, tuple[str, Any]]:
-    """Prepares a ``TrialRunner``; returns it and ``("ready", None)``, or None and ``("setup_error", message)``."""
+CODE_CHANGED = (
+    "autotune's source files changed on disk while this run was going (an upgrade or an edit), so a new trial "
+    "process would run other code than the run; nothing measured is lost: continue with `autotune resume RUN_DIR`"
+)
+
+
+def fingerprint(root: Path) -> str:
+    """A hash of the Python files under ``root``: their paths relative to it and their contents."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """The fingerprint of the autotune package as this process first saw it on disk.
+
+    Why: trial processes are spawned, so each one imports autotune from disk afresh; one spawned after an upgrade
+    or an edit (a restart after a crash, a worker of a later batch) would run other code than the run, and answer
+    in a format the run may misread. The run sends its fingerprint; a trial process whose own differs refuses.
+    """
+    return fingerprint(Path(__file__).resolve().parent.parent)
+
+
+def prepare_runner(config_data: dict, source: str | None = None) -> tuple[TrialRunner | None, tuple[str, Any]]:
+    """Prepares a ``TrialRunner``; returns it and ``("ready", None)``, or None and ``("setup_error", message)``.
+
+    Args:
+        config_data: The run's config.
+        source: The run's :func:`source_fingerprint`; a different one here refuses with :data:`CODE_CHANGED`.
+    """
+    if source is not None and source != source_fingerprint():
+        return None, ("setup_error", CODE_CHANGED)
     try:
         return TrialRunner(TuneConfig.model_validate(config_data)), ("ready", None)
     except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
@@ -96,6 +131,7 @@ def _worker_main(
     log_level: int = logging.WARNING,
     cores: list[int] | None = None,
     environment: dict[str, str] | None = None,
+    source: str | None = None,
 ) -> None:
     """Serves trials until the parent closes the pipe.
 
@@ -106,7 +142,7 @@ def _worker_main(
     logging.basicConfig(level=log_level, format=LOG_FORMAT)  # a spawned process starts without the run's logging
     _die_with_parent()
     place_worker(cores, environment)
-    runner, reply = prepare_runner(config_data)
+    runner, reply = prepare_runner(config_data, source)
     while True:
         try:
             connection.send(reply)
@@ -143,6 +179,7 @@ class ChildRunner:
         self.cores = cores
         self.environment = environment
         self._context = multiprocessing.get_context("spawn")
+        self.source = source_fingerprint()  # what every (re)started trial process must run
         self._process: Any = None
         self._connection: Any = None
 
@@ -166,6 +203,7 @@ class ChildRunner:
                 logging.getLogger().getEffectiveLevel(),
                 self.cores,
                 self.environment,
+                self.source,
             ),
             daemon=True,
         )
