@@ -91,16 +91,19 @@ class _FixedModel:
         return TrialResult(plan=plan, speedup=speedup, accuracy_drop=drop, split="surrogate", from_store=True)
 
 
-def test_the_agent_builds_its_models_best_plan_after_each_rehearsal(tmp_path):
+def _planning_run(tmp_path, builds: int, **ppo):
+    """An agent trained on ``_FixedModel`` with the planning step, no probes: config, model, space, built plans."""
     space = tiny_space()
     real, built = _recording_evaluator(space)
-    config = tiny_config(
-        tmp_path,
-        budget={"builds": 6},
-        ppo={"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True},
-    )
+    settings = {"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True}
+    config = tiny_config(tmp_path, budget={"builds": builds}, ppo={**settings, **ppo})
     model = _FixedModel()
     train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
+    return config, model, space, built
+
+
+def test_the_agent_builds_its_models_best_plan_after_each_rehearsal(tmp_path):
+    config, model, space, built = _planning_run(tmp_path, builds=6)
     planned = model_best_plan(model, space, config.search_budget, seed=config.seed)
     assert built[0] == planned  # built before the first sampled episode
     assert model.predict(planned)[1] <= config.search_budget
@@ -108,21 +111,7 @@ def test_the_agent_builds_its_models_best_plan_after_each_rehearsal(tmp_path):
 
 
 def test_each_planning_step_builds_as_many_distinct_model_plans_as_configured(tmp_path):
-    space = tiny_space()
-    real, built = _recording_evaluator(space)
-    config = tiny_config(
-        tmp_path,
-        budget={"builds": 8},
-        ppo={
-            "episodes_per_update": 2,
-            "imagined_episodes": 2,
-            "probe_plans": False,
-            "build_model_plan": True,
-            "model_plans": 3,
-        },
-    )
-    model = _FixedModel()
-    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
+    config, model, space, built = _planning_run(tmp_path, builds=8, model_plans=3)
     first_step = built[:3]
     assert first_step[0] == model_best_plan(model, space, config.search_budget, seed=config.seed)
     assert len({plan.hash for plan in first_step}) == 3  # the model's best three, none built twice
