@@ -44,7 +44,7 @@ def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
         tmp_path,
         budget={"builds": budget},
         # A few imagined episodes per update: the test is about the interrupt, and on a model whose builds take
-        # milliseconds the rehearsals set the pace of the run (204 s with the tiny config's 16, 53 s with 8).
+        # milliseconds the rehearsals set the pace of the run.
         ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5, "imagined_episodes": 8},
     )
     store_path = config.run_dir / "trials.sqlite"
