@@ -64,7 +64,9 @@ def _act(action: str, folder: Path) -> None:
     elif action == "raise":
         raise RuntimeError("injected metric failure")
     elif action == "hang":
-        (folder / "hanging").write_text(str(os.getpid()))
+        # Written aside and renamed: a test that polls for the file must never read it half written (empty).
+        (folder / "hanging.tmp").write_text(str(os.getpid()))
+        os.replace(folder / "hanging.tmp", folder / "hanging")
         time.sleep(3600)
     elif action == "slow":
         time.sleep(1.0)
