@@ -11,6 +11,11 @@ def _result(name, speedup, drop, status="ok"):
     return TrialResult(plan=Plan.make({name: "int8"}), status=status, speedup=speedup, accuracy_drop=drop)
 
 
+def _order(config, *points):
+    """The confirmation order of plans given as ``(name, speedup, drop)``, by name."""
+    return [r.plan.precisions[0][0] for r in confirmation_order([_result(*point) for point in points], config)]
+
+
 def test_pareto_front_keeps_only_undominated_points_fastest_first():
     results = [
         _result(f"p{i}", s, d)
@@ -22,14 +27,8 @@ def test_pareto_front_keeps_only_undominated_points_fastest_first():
 
 def test_confirmation_order_puts_the_fastest_within_budget_first_then_the_rest_by_reward(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01)
-    results = [
-        _result("edge", 2.0, 0.0099),
-        _result("safe", 1.5, 0.002),
-        _result("dominated", 1.4, 0.005),
-        _result("over", 2.5, 0.012),
-        _result("far_over", 3.0, 0.05),
-    ]
-    order = [r.plan.precisions[0][0] for r in confirmation_order(results, config)]
+    points = [("edge", 2.0, 0.0099), ("safe", 1.5, 0.002), ("dominated", 1.4, 0.005)]
+    order = _order(config, *points, ("over", 2.5, 0.012), ("far_over", 3.0, 0.05))
     assert order[:2] == ["edge", "safe"]
     assert order.index("over") < order.index("far_over")
     assert set(order) == {"edge", "safe", "dominated", "over", "far_over"}
@@ -38,23 +37,14 @@ def test_confirmation_order_puts_the_fastest_within_budget_first_then_the_rest_b
 def test_headroom_makes_the_search_aim_below_the_budget(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2})
     assert config.search_budget == 0.008
-    results = [_result("edge", 2.0, 0.0099), _result("safe", 1.5, 0.007)]
-    # the plan at the edge of the full budget is no longer on the within-budget front the search confirms first
-    assert [r.plan.precisions[0][0] for r in confirmation_order(results, config)][0] == "safe"
+    # the plan at the edge of the full budget is past the search budget: the plan within it is confirmed first
+    assert _order(config, ("edge", 2.0, 0.0099), ("safe", 1.5, 0.007))[0] == "safe"
 
 
 def test_one_finalist_place_goes_to_a_faster_plan_between_the_search_budget_and_the_accuracy_budget(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 3})
-    results = [
-        _result("fast", 1.5, 0.007),
-        _result("next", 1.4, 0.006),
-        _result("safer", 1.2, 0.001),
-        _result("slow_safe", 1.1, 0.0005),
-        _result("bold", 2.0, 0.009),
-        _result("bold_but_slower", 1.45, 0.0095),
-        _result("over", 3.0, 0.02),
-    ]
-    order = [r.plan.precisions[0][0] for r in confirmation_order(results, config)]
+    within = [("fast", 1.5, 0.007), ("next", 1.4, 0.006), ("safer", 1.2, 0.001), ("slow_safe", 1.1, 0.0005)]
+    order = _order(config, *within, ("bold", 2.0, 0.009), ("bold_but_slower", 1.45, 0.0095), ("over", 3.0, 0.02))
     # top_k - 1 fastest within the search budget, the bold bet, then the front of the rest within it, then reward
     assert order[:5] == ["fast", "next", "bold", "safer", "slow_safe"]
     assert set(order[5:]) == {"bold_but_slower", "over"}
@@ -62,9 +52,8 @@ def test_one_finalist_place_goes_to_a_faster_plan_between_the_search_budget_and_
 
 def test_no_bold_place_when_no_plan_between_the_budgets_is_faster_than_the_search_budget_s_best(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 3})
-    results = [_result("fast", 1.5, 0.007), _result("next", 1.4, 0.006), _result("third", 1.3, 0.005)]
-    results.append(_result("slower_zone", 1.45, 0.009))
-    assert [r.plan.precisions[0][0] for r in confirmation_order(results, config)][:3] == ["fast", "next", "third"]
+    within = [("fast", 1.5, 0.007), ("next", 1.4, 0.006), ("third", 1.3, 0.005)]
+    assert _order(config, *within, ("slower_zone", 1.45, 0.009))[:3] == ["fast", "next", "third"]
 
 
 def _subset_trials(lucky: float, best_measured: float) -> list[TrialResult]:
