@@ -126,6 +126,8 @@ def export_ranked(
 ) -> dict[str, Any]:
     """Writes the plan of a given confirmation rank: deployable model, ``plan.json`` and ``summary.json``.
 
+    The summary's ``ranking`` lists every confirmed plan of the store, best first.
+
     Raises:
         ConfigError: No confirmed plan has that rank.
     """
@@ -152,6 +154,7 @@ def export_ranked(
         "imported_trials": len(store.imported()),
         "cache_hits": int(store.get_meta("cache_hits", 0)),
         "wall_s": float(store.get_meta("wall_s", 0.0)),
+        "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
     }
     write_json(out_dir / "summary.json", summary)
     return summary
@@ -418,14 +421,10 @@ def tune(
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
                 confirm_finalists(evaluator, store, config, fp32, one_liner_plans(evaluator, space.layer_names))
-                # Ranked over every confirmation in the store, as export_ranked chooses: an earlier run's
-                # (imported with --from, or confirmed before a resume) can outrank this run's finalists.
-                ranked = ranking([*store.confirmations().values()], config.accuracy_budget)
+                # Ranked over every confirmation in the store: an earlier run's (imported with --from, or
+                # confirmed before a resume) can outrank this run's finalists.
                 summary = export_ranked(run, config, evaluator, store)
-                summary["ranking"] = [
-                    {"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in ranked
-                ]
-                winner = next(r.plan for r in ranked if r.plan.hash == summary["plan_hash"])
+                winner = store.confirmations()[summary["plan_hash"]].plan
                 monitor.text("winner", _winner_markdown(summary, space, winner))
         finally:
             monitor.close()
