@@ -72,8 +72,9 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
 
 
 CODE_CHANGED = (
-    "autotune's source files changed on disk while this run was going (an upgrade or an edit), so a new trial "
-    "process would run other code than the run; nothing measured is lost: continue with `autotune resume RUN_DIR`"
+    "autotune's source files changed on disk while this run was going (an upgrade or an edit), or a Ray node has "
+    "another install, so a new trial process would run other code than the run; nothing measured is lost: make "
+    "every node's install the same and continue with `autotune resume RUN_DIR`"
 )
 
 
