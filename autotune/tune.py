@@ -40,8 +40,10 @@ def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[
     return [done[plan.hash] for plan in plans]
 
 
-def finalist_order(store: TrialStore, config: TuneConfig, fp32: Plan) -> tuple[list[Plan], dict[str, float]]:
-    """The store's measured plans in the order they are confirmed (the first ``confirm.top_k`` are the finalists).
+def finalist_order(
+    trials: Sequence[TrialResult], config: TuneConfig, fp32: Plan
+) -> tuple[list[Plan], dict[str, float]]:
+    """A run's measured plans in the order they are confirmed (the first ``confirm.top_k`` are the finalists).
 
     Ranked by what the plans are expected to hold, not by one short measurement each
     (:func:`autotune.search.select.expected_speedups`); FP32 is left out (it is confirmed as the reference).
@@ -49,7 +51,6 @@ def finalist_order(store: TrialStore, config: TuneConfig, fp32: Plan) -> tuple[l
     Returns:
         The plans in order, and each measured plan's expected speedup by hash.
     """
-    trials = list(store.trials())
     # The FP32 plan's knobs are the defaults, which the model gives no term.
     expected = expected_speedups(trials, fit_surrogate(trials, dict(fp32.knobs), ACCURACY_KNOBS))
     order = [r.plan for r in confirmation_order(trials, config, expected) if r.plan_hash != fp32.hash]
@@ -69,7 +70,7 @@ def confirm_finalists(
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
-    order, _ = finalist_order(store, config, fp32)
+    order, _ = finalist_order(list(store.trials()), config, fp32)
     top_k = config.confirm.top_k
     finalists = [*order[:top_k], fp32]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners])[: len(finalists)]

@@ -52,8 +52,9 @@ def finalists(name: str, store_path: Path, config_path: Path, out: Path) -> list
     config = load_config(config_path)
     with TrialStore(store_path) as store:
         fp32 = fp32_plan(store)
-        trials = {t.plan_hash: t for t in store.trials()}
-        order, expected = finalist_order(store, config, fp32)
+        measured = list(store.trials())
+    trials = {t.plan_hash: t for t in measured}
+    order, expected = finalist_order(measured, config, fp32)
     chosen = order[: config.confirm.top_k]
     rows = []
     for index, plan in enumerate(chosen):
