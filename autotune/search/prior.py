@@ -143,20 +143,31 @@ def layer_prior(
         granularity_knob: The knob naming the weight granularity.
 
     Returns:
-        The prior. The drop scale is fitted on trials at the errors' granularity whose calibration has measured
-        errors; the saving scale on every successful trial.
+        The prior. Both scales are INT8's, so they are fitted only on plans whose layers are all INT8 or FP32
+        (on a GPU an FP16 layer saves far more time than an INT8 one, which may cost time). The drop scale is
+        fitted on those at the errors' granularity whose calibration has measured errors; the saving scale on
+        those at the default of every knob but the calibration, where there are such plans (a knob can cost more
+        than INT8 saves: MiniLM with ``allow_spinning`` off ran about 0.3 of FP32's time slower), and it is
+        negative where INT8 costs time.
     """
     names = list(inputs.layer_names)
     index = {name: i for i, name in enumerate(names)}
     shares = np.array([share or 0.0 for share in inputs.runtime_shares])
     errors_by_method: dict[str, np.ndarray] = {}
-    error_features, drop_targets, share_features, saving_targets = [], [], [], []
+    error_features, drop_targets = [], []
+    savings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
     for result in results:
         if not result.ok or not result.speedup or result.accuracy_drop is None:
             continue
-        quantized = [index[n] for n, p in result.plan.precisions if p != "fp32" and n in index]
-        share_features.append(float(shares[quantized].sum()))
-        saving_targets.append(1.0 - 1.0 / result.speedup)
+        if any(p not in ("fp32", "int8") for _, p in result.plan.precisions):
+            continue
+        quantized = [index[n] for n, p in result.plan.precisions if p == "int8" and n in index]
+        default_knobs = all(
+            value == knob_defaults.get(name) for name, value in result.plan.knobs if name != calibration_knob
+        )
+        features, targets = savings[default_knobs]
+        features.append(float(shares[quantized].sum()))
+        targets.append(1.0 - 1.0 / result.speedup)
         if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != inputs.default_granularity:
             continue
         method = str(result.plan.knob(calibration_knob, knob_defaults.get(calibration_knob)))
@@ -170,8 +181,10 @@ def layer_prior(
     drop_scale = _slope_through_origin(error_features, drop_targets)
     if drop_scale is None:
         drop_scale = DEFAULT_DROP_PER_ERROR.get(inputs.metric)
-    saving_scale = _slope_through_origin(share_features, saving_targets)
-    saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, 0.0, 1.0))
+    saving_scale = _slope_through_origin(*savings[True])
+    if saving_scale is None:
+        saving_scale = _slope_through_origin(*savings[False])
+    saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, -1.0, 1.0))
     drops: dict[str, np.ndarray] = {}
     if drop_scale is not None:
         methods = {m for by_method in inputs.errors.values() for m in by_method} | {LAYERWISE}

@@ -102,3 +102,19 @@ def test_only_the_groups_the_prior_leaves_open_are_probed():
         ("fp32", "int8"),
         ("fp32", "fp32"),
     }
+
+
+def test_the_int8_scales_ignore_fp16_plans_and_plans_slowed_by_a_knob():
+    int8 = [_trial(NAMES, saving_per_share=0.2), _trial({"b", "d"}, saving_per_share=0.2)]
+    # an FP16 plan that saves far more (as on a GPU), with a drop the INT8 errors do not explain
+    fp16 = TrialResult(plan=Plan.make(dict.fromkeys(NAMES, "fp16")), speedup=4.0, accuracy_drop=1e-2)
+    # an INT8 plan with a knob that costs time
+    slowed = _trial(NAMES, saving_per_share=0.2)
+    slowed = TrialResult(
+        plan=slowed.plan.with_knobs(allow_spinning=False), speedup=0.7, accuracy_drop=slowed.accuracy_drop
+    )
+    prior = layer_prior(_inputs(), [*int8, fp16, slowed], {**DEFAULTS, "allow_spinning": True})
+    assert prior.saving_per_share == pytest.approx(0.2)
+    assert prior.drop_per_error == pytest.approx(0.3)
+    # with no plan at the defaults, the slowed one still gives a scale, and INT8 that costs time is negative
+    assert layer_prior(_inputs(), [slowed], {**DEFAULTS, "allow_spinning": True}).saving_per_share < 0
