@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from autotune.plan import PRECISIONS, Plan
 from autotune.rundir import RunDir
 from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
 from autotune.search.reward import meets_budget
-from autotune.search.select import confirmation_order, expected_speedups, ranking
+from autotune.search.select import confirmation_order, expected_speedups, profile_speedups, ranking
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import INDEPENDENT_SEARCHES, SEARCHES, SearchContext, search_fixed
 from autotune.store import TrialStore
@@ -41,24 +41,42 @@ def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[
 
 
 def finalist_order(
-    trials: Sequence[TrialResult], config: TuneConfig, fp32: Plan
+    trials: Sequence[TrialResult], config: TuneConfig, fp32: Plan, runtime_shares: Mapping[str, float] | None = None
 ) -> tuple[list[Plan], dict[str, float]]:
     """A run's measured plans in the order they are confirmed (the first ``confirm.top_k`` are the finalists).
 
-    Ranked by what the plans are expected to hold, not by one short measurement each
-    (:func:`autotune.search.select.expected_speedups`); FP32 is left out (it is confirmed as the reference).
+    Ranked by what the plans are expected to hold, not by one short measurement each: with the FP32 profile's
+    runtime shares, by the additive model whose per-layer savings are the profile's (``PROFILE_WEIGHT``), alone;
+    without them, by the mean of each plan's measurement and a model fitted from zero
+    (:func:`autotune.search.select.expected_speedups`). FP32 is left out (it is confirmed as the reference).
+
+    Args:
+        trials: The run's trials.
+        config: The run's config.
+        fp32: The FP32 plan (its knobs are the defaults, which the model gives no term).
+        runtime_shares: Layer name to its share of FP32 runtime (layers the profile did not time left out).
 
     Returns:
         The plans in order, and each measured plan's expected speedup by hash.
     """
-    # The FP32 plan's knobs are the defaults, which the model gives no term.
-    expected = expected_speedups(trials, fit_surrogate(trials, dict(fp32.knobs), ACCURACY_KNOBS))
+    expected = (
+        profile_speedups(trials, dict(fp32.knobs), runtime_shares, tuple(fp32.precision_map))
+        if runtime_shares
+        else None
+    )
+    if expected is None:
+        expected = expected_speedups(trials, fit_surrogate(trials, dict(fp32.knobs), ACCURACY_KNOBS))
     order = [r.plan for r in confirmation_order(trials, config, expected) if r.plan_hash != fp32.hash]
     return order, expected
 
 
 def confirm_finalists(
-    evaluator: Evaluator, store: TrialStore, config: TuneConfig, fp32: Plan, one_liners: Sequence[Plan] = ()
+    evaluator: Evaluator,
+    store: TrialStore,
+    config: TuneConfig,
+    fp32: Plan,
+    one_liners: Sequence[Plan] = (),
+    runtime_shares: Mapping[str, float] | None = None,
 ) -> list[TrialResult]:
     """Confirms the ``confirm.top_k`` best bets, FP32 and the backend's one-liners side by side, in the same rounds.
 
@@ -70,7 +88,7 @@ def confirm_finalists(
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
-    order, _ = finalist_order(list(store.trials()), config, fp32)
+    order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares)
     top_k = config.confirm.top_k
     finalists = [*order[:top_k], fp32]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners])[: len(finalists)]
@@ -421,7 +439,9 @@ def tune(
                 store.set_meta("wall_s", wall_before + time.time() - started)
                 fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
-                confirm_finalists(evaluator, store, config, fp32, one_liner_plans(evaluator, space.layer_names))
+                shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
+                one_liners = one_liner_plans(evaluator, space.layer_names)
+                confirm_finalists(evaluator, store, config, fp32, one_liners, shares)
                 # Ranked over every confirmation in the store: an earlier run's (imported with --from, or
                 # confirmed before a resume) can outrank this run's finalists.
                 summary = export_ranked(run, config, evaluator, store)

@@ -7,9 +7,10 @@ The finalist rule (``autotune.tune.finalist_order``) can change after a run has 
 Usage:
     python bench/finalists.py configs/minilm-cpu.yaml --stores b48/runs/ppo-s0/trials.sqlite greedy=greedy.sqlite \
         --out finalists
-It writes ``NAME-K.json`` (K = 0 is the first finalist; NAME is given as ``NAME=PATH``, else the store's file name
-without its suffix, or its run directory's name for ``trials.sqlite``) and ``finalists.json``: per store, each
-finalist's hash, search speedup, expected speedup and drop.
+A run ranks with its FP32 profile's runtime shares, which agent runs keep in their store; ``--shares STORE`` lends
+them to stores that keep none (a search's). It writes ``NAME-K.json`` (K = 0 is the first finalist; NAME is given
+as ``NAME=PATH``, else the store's file name without its suffix, or its run directory's name for ``trials.sqlite``)
+and ``finalists.json``: per store, each finalist's hash, search speedup, expected speedup and drop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.config import load_config  # noqa: E402
 from autotune.files import write_json  # noqa: E402
+from autotune.harness.memory import PRIOR_META  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
+from autotune.search.prior import PriorInputs  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
 from autotune.tune import finalist_order  # noqa: E402
 
@@ -47,14 +50,30 @@ def fp32_plan(store: TrialStore) -> Plan:
     return confirmed.plan
 
 
-def finalists(name: str, store_path: Path, config_path: Path, out: Path) -> list[dict]:
-    """Writes one store's finalists as plan files under ``out``; returns what ``finalists.json`` keeps of them."""
+def runtime_shares(store: TrialStore) -> dict[str, float] | None:
+    """The FP32 profile's share of each layer, from the run's prior inputs (an agent run with priors keeps them)."""
+    meta = store.get_meta(PRIOR_META)
+    if meta is None:
+        return None
+    inputs = PriorInputs.from_dict(meta)
+    return {n: s for n, s in zip(inputs.layer_names, inputs.runtime_shares, strict=True) if s is not None}
+
+
+def finalists(
+    name: str, store_path: Path, config_path: Path, out: Path, fallback_shares: dict[str, float] | None = None
+) -> list[dict]:
+    """Writes one store's finalists as plan files under ``out``; returns what ``finalists.json`` keeps of them.
+
+    A run ranks its finalists with the FP32 profile; a store that keeps none (a search's) uses ``fallback_shares``,
+    and without those is ranked as a run without a profile ranks.
+    """
     config = load_config(config_path)
     with TrialStore(store_path) as store:
         fp32 = fp32_plan(store)
         measured = list(store.trials())
+        shares = runtime_shares(store) or fallback_shares
     trials = {t.plan_hash: t for t in measured}
-    order, expected = finalist_order(measured, config, fp32)
+    order, expected = finalist_order(measured, config, fp32, shares)
     chosen = order[: config.confirm.top_k]
     rows = []
     for index, plan in enumerate(chosen):
@@ -78,9 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", type=Path)
     parser.add_argument("--stores", type=named_store, nargs="+", required=True, help="[NAME=]PATH of a trials store")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shares", type=Path, help="a store whose FP32 profile ranks the stores that keep none")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    table = {name: finalists(name, path, args.config, args.out) for name, path in args.stores}
+    fallback = None
+    if args.shares is not None:
+        with TrialStore(args.shares) as store:
+            fallback = runtime_shares(store)
+        if fallback is None:
+            parser.error(f"--shares {args.shares}: the store keeps no runtime shares (an agent run's store does)")
+    table = {name: finalists(name, path, args.config, args.out, fallback) for name, path in args.stores}
     write_json(args.out / "finalists.json", table)
     for name, rows in table.items():
         print(name, " ".join(f"{row['hash'][:10]} ({row['expected']:.2f}x)" for row in rows))

@@ -14,10 +14,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from autotune.api import analyze
 from autotune.config import ConfigError, dump_config, load_config
+from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config
 from autotune.trial import TrialResult
-from autotune.tune import search_with_seeds, tune
+from autotune.tune import finalist_order, search_with_seeds, tune
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -399,3 +400,17 @@ def test_seeds_travel_with_the_first_random_plans_on_several_workers_and_come_fi
     else:  # greedy starts from the seed's result: the seed round comes first
         assert (first_kind, first_plans) == ("many", [seed])
     assert many.builds == one.builds and many.builds <= 8
+
+
+def test_finalists_are_ranked_by_the_profile_where_the_run_has_one(tmp_path):
+    config = tiny_config(tmp_path, accuracy_budget=0.01, confirm={"top_k": 1})
+    shares = {"a": 0.3, "b": 0.1}
+    plans = {q: Plan.make({n: ("int8" if n in q else "fp32") for n in shares}) for q in ("", "a", "b", "ab")}
+    # INT8 saves 0.6 of a layer's share; "b" alone measured lucky, faster than "a" alone and "ab"
+    measured = {"": 1.0, "a": 1.0 / (1 - 0.18), "b": 1.4, "ab": 1.0 / (1 - 0.24)}
+    trials = [TrialResult(plan=plans[q], speedup=measured[q], accuracy_drop=0.001 * len(q)) for q in plans]
+    without, _ = finalist_order(trials, config, plans[""])
+    with_profile, expected = finalist_order(trials, config, plans[""], shares)
+    assert without[0] == plans["b"]
+    assert with_profile[0] == plans["ab"] and plans[""] not in with_profile
+    assert expected[plans["b"].hash] < expected[plans["a"].hash]

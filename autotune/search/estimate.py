@@ -219,6 +219,7 @@ def fit_surrogate(
     prior: LayerPrior | None = None,
     layer_names: Sequence[str] = (),
     prior_weight: float = PRIOR_WEIGHT,
+    saving_prior_weight: float | None = None,
 ) -> Surrogate | None:
     """Fits :class:`Surrogate` by ridge least squares over the successful trials.
 
@@ -232,6 +233,7 @@ def fit_surrogate(
             exists before any trial.
         layer_names: The layers ``prior`` holds values for, in its order (needed with ``prior``).
         prior_weight: How many trials' worth the prior counts per term.
+        saving_prior_weight: The same for the saving terms alone (default ``prior_weight``).
 
     Returns:
         The model, or None with fewer than ``MIN_TRIALS`` usable trials and no prior.
@@ -244,7 +246,8 @@ def fit_surrogate(
     if prior is not None:
         saving_prior = {("layer", name, "int8"): float(v) for name, v in zip(layer_names, prior.saving, strict=True)}
         drop_priors = {}
-    saving = _fit(rows, np.array([1.0 - 1.0 / r.speedup for r in ok]), ridge, saving_prior, prior_weight)
+    saving_weight = prior_weight if saving_prior_weight is None else saving_prior_weight
+    saving = _fit(rows, np.array([1.0 - 1.0 / r.speedup for r in ok]), ridge, saving_prior, saving_weight)
     drop_targets = np.array([r.accuracy_drop for r in ok])
     settings: dict[tuple[Any, ...], list[int]] = {}
     if prior is not None:

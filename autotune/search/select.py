@@ -6,7 +6,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from autotune.config import TuneConfig
-from autotune.search.estimate import Surrogate
+from autotune.search.estimate import ACCURACY_KNOBS, Surrogate, fit_surrogate
+from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.reward import meets_budget, reward
 from autotune.trial import TrialResult
 
@@ -31,16 +32,30 @@ def pareto_front(
     return front
 
 
+PROFILE_WEIGHT = 1000.0
+"""How many trials' worth the FP32 profile's per-layer savings count when the finalists are ranked: so many that the
+trials only scale INT8's saving per unit of runtime share and set the knobs' terms. A search trial's speedup moves by
+about 10 % between measurements (one MiniLM plan measured 1.29x to 1.73x in six runs), more than one layer is worth
+(1-2 %), so per-layer terms fitted on a few dozen trials rank plans by their noise, while the profile times every
+layer in one long run. Over the 35 finalists of seven MiniLM runs this model alone ranked them as their
+confirmations did better than any other estimate (correlation 0.85 and 0.79 on two machines, against 0.74 and 0.75
+for :func:`expected_speedups`; docs/benchmarks.md, ``bench/ranking_check.py``)."""
+
+
 def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -> dict[str, float]:
     """Each successful plan's speedup as the geometric mean of its own measurement and the model's prediction.
+
+    What ranks a run's finalists where the backend gave no FP32 profile (with one, :func:`profile_speedups`).
 
     A search trial is timed in a few short rounds, and the fastest of a hundred such measurements is mostly luck:
     on MiniLM a plan with three layers in INT8 measured 1.74x and held 1.00x when confirmed, and being fastest
     it knocked every real candidate off the measured front. The additive model (fitted on every trial) averages
-    each layer's effect over all the trials that contain it, but misses what is particular to one plan. Over 35
-    confirmed MiniLM finalists the mean of the two logs ranked the plans as their confirmation did better than
-    either (correlation 0.75, against 0.66 for the measurement and 0.73 for the model), and over 35 others,
-    confirmed on another machine, it was also the closest (mean |log error| 0.086, against 0.094 and 0.097).
+    each layer's effect over all the trials that contain it, but misses what is particular to one plan. Over the
+    35 finalists of seven MiniLM runs the mean of the two logs ranked the plans as their confirmation did better
+    than either: confirmed by the runs themselves, correlation 0.74 against 0.70 for either alone; confirmed again
+    on another machine, 0.75 against 0.64 for the measurement and 0.71 for the model, and the closest (mean |log
+    error| 0.086, against 0.094 and 0.097). ``bench/ranking_check.py`` computes these from the stores
+    (``bench/results/minilm-cpu-priors``; the commands are in docs/benchmarks.md).
 
     Args:
         results: Measured trials.
@@ -59,6 +74,36 @@ def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -
             measured = math.sqrt(measured * predicted)
         expected[result.plan_hash] = measured
     return expected
+
+
+def profile_speedups(
+    results: Sequence[TrialResult],
+    knob_defaults: Mapping[str, object],
+    runtime_shares: Mapping[str, float],
+    layer_names: Sequence[str],
+) -> dict[str, float] | None:
+    """Each successful plan's speedup as the profile-anchored additive model predicts it (``PROFILE_WEIGHT``).
+
+    Args:
+        results: Measured trials.
+        knob_defaults: Each knob's default (no model term).
+        runtime_shares: Layer name to its share of FP32 runtime; layers the profile did not time are left out.
+        layer_names: Every tunable layer, in table order.
+
+    Returns:
+        Plan hash to predicted speedup, or None without a successful trial.
+    """
+    ok = [r for r in results if r.ok and r.speedup]
+    if not ok:
+        return None
+    shares = tuple(runtime_shares.get(name) for name in layer_names)
+    inputs = PriorInputs(tuple(layer_names), shares, {}, {}, metric="")
+    prior = layer_prior(inputs, ok, knob_defaults)
+    model = fit_surrogate(
+        ok, knob_defaults, ACCURACY_KNOBS, prior=prior, layer_names=layer_names, saving_prior_weight=PROFILE_WEIGHT
+    )
+    assert model is not None  # with a prior there is always a model
+    return {r.plan_hash: model.predict(r.plan)[0] for r in ok}
 
 
 def confirmation_order(

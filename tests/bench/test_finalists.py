@@ -12,7 +12,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from finalists import main  # noqa: E402
 
+from autotune.harness.memory import store_prior_inputs  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
+from autotune.search.prior import PriorInputs  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
 from autotune.testing import tiny_config  # noqa: E402
 from autotune.trial import TrialResult  # noqa: E402
@@ -59,3 +61,26 @@ def test_a_run_that_never_confirmed_fp32_is_named_and_told_to_finish(tmp_path):
     _store(tmp_path / "trials.sqlite", confirm_fp32=False)
     with pytest.raises(SystemExit, match="has not confirmed FP32 yet; finish it first"):
         main([str(_config_file(tmp_path)), "--stores", str(tmp_path / "trials.sqlite"), "--out", str(tmp_path)])
+
+
+def _shares_store(path: Path, shares: dict[str, float]) -> None:
+    """An agent run's store as far as the shares go: its prior inputs in the meta."""
+    with TrialStore(path) as store:
+        store_prior_inputs(store, PriorInputs(tuple(shares), tuple(shares.values()), {}, {}, "cosine"))
+
+
+def test_a_store_without_a_profile_borrows_one_with_shares_and_is_ranked_by_it(tmp_path):
+    plans = _store(tmp_path / "run.sqlite")
+    out = tmp_path / "out"
+    config = str(_config_file(tmp_path))
+    # by the profile, "b" alone holds nearly all of the runtime: "over" (b in INT8) beats "one" (a in INT8)...
+    _shares_store(tmp_path / "agent.sqlite", {"a": 0.01, "b": 0.9})
+    args = [config, "--stores", f"mine={tmp_path / 'run.sqlite'}", "--out", str(out)]
+    assert main([*args, "--shares", str(tmp_path / "agent.sqlite")]) == 0
+    table = json.loads((out / "finalists.json").read_text())
+    # ... but "over" is past the budget: within it, "both" (a and b) and then "one", whose expected speedup is now
+    # near 1 (a holds 1 % of the runtime) although it measured 1.3x
+    assert [row["hash"] for row in table["mine"]] == [plans["both"].hash, plans["one"].hash]
+    assert table["mine"][1]["expected"] < 1.05
+    with pytest.raises(SystemExit):  # a store that keeps no shares cannot lend them
+        main([*args, "--shares", str(tmp_path / "run.sqlite")])

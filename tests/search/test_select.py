@@ -1,8 +1,10 @@
 import itertools
 
+import pytest
+
 from autotune.plan import Plan
 from autotune.search.estimate import fit_surrogate
-from autotune.search.select import confirmation_order, expected_speedups, pareto_front
+from autotune.search.select import confirmation_order, expected_speedups, pareto_front, profile_speedups
 from autotune.testing import tiny_config
 from autotune.trial import TrialResult
 
@@ -86,3 +88,37 @@ def test_expected_speedups_are_the_measurements_without_a_model():
     trials.append(TrialResult.failure(trials[0].plan, "build failed"))
     expected = expected_speedups(trials, None)
     assert expected == {t.plan_hash: t.speedup for t in trials if t.ok}
+
+
+SHARES = {"l0": 0.1, "l1": 0.4, "l2": 0.2, "l3": 0.3}
+
+
+def _profile_trials(noise: dict[frozenset, float]) -> list[TrialResult]:
+    """Every subset of four layers in INT8, saving 0.6 of each one's runtime share; some measured off by a factor."""
+    trials = []
+    for mask in itertools.product([False, True], repeat=4):
+        quantized = frozenset(name for name, on in zip(SHARES, mask, strict=True) if on)
+        plan = Plan.make({name: "int8" if name in quantized else "fp32" for name in SHARES})
+        speedup = 1.0 / (1.0 - 0.6 * sum(SHARES[n] for n in quantized)) * noise.get(quantized, 1.0)
+        trials.append(TrialResult(plan=plan, speedup=speedup, accuracy_drop=0.001 * len(quantized)))
+    return trials
+
+
+def test_the_profile_model_ranks_plans_by_their_runtime_share_not_by_one_lucky_measurement():
+    # l1 alone (share 0.4) measured 15 % slow, l0 + l2 (share 0.3) 15 % fast, l1 + l3 (0.7) 20 % slow
+    noise = {frozenset({"l1"}): 0.85, frozenset({"l0", "l2"}): 1.15, frozenset({"l1", "l3"}): 0.8}
+    trials = _profile_trials(noise)
+    by_set = {frozenset(n for n, p in t.plan.precisions if p == "int8"): t.plan_hash for t in trials}
+    profile = profile_speedups(trials, {}, SHARES, list(SHARES))
+    mean = expected_speedups(trials, fit_surrogate(trials, {}))
+    one, pair = by_set[frozenset({"l1"})], by_set[frozenset({"l0", "l2"})]
+    assert mean[pair] > mean[one]  # the noisy measurements, averaged with a model fitted on them, misrank
+    assert profile[one] > profile[pair]
+    assert profile[one] == pytest.approx(1 / (1 - 0.6 * 0.4), rel=0.03)
+    assert profile[by_set[frozenset({"l1", "l3"})]] > profile[by_set[frozenset({"l0", "l2", "l3"})]]
+
+
+def test_the_profile_model_needs_a_successful_trial():
+    assert (
+        profile_speedups([TrialResult.failure(Plan.make(dict.fromkeys(SHARES, "int8")), "x")], {}, SHARES, []) is None
+    )
