@@ -23,9 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.config import load_config  # noqa: E402
 from autotune.files import write_json  # noqa: E402
-from autotune.harness.memory import PRIOR_META  # noqa: E402
+from autotune.harness.memory import stored_runtime_shares  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
-from autotune.search.prior import PriorInputs  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
 from autotune.tune import finalist_order  # noqa: E402
 
@@ -50,15 +49,6 @@ def fp32_plan(store: TrialStore) -> Plan:
     return confirmed.plan
 
 
-def runtime_shares(store: TrialStore) -> dict[str, float] | None:
-    """The FP32 profile's share of each layer, from the run's prior inputs (an agent run with priors keeps them)."""
-    meta = store.get_meta(PRIOR_META)
-    if meta is None:
-        return None
-    inputs = PriorInputs.from_dict(meta)
-    return {n: s for n, s in zip(inputs.layer_names, inputs.runtime_shares, strict=True) if s is not None}
-
-
 def finalists(
     name: str, store_path: Path, config_path: Path, out: Path, fallback_shares: dict[str, float] | None = None
 ) -> list[dict]:
@@ -71,7 +61,7 @@ def finalists(
     with TrialStore(store_path) as store:
         fp32 = fp32_plan(store)
         measured = list(store.trials())
-        shares = runtime_shares(store) or fallback_shares
+        shares = stored_runtime_shares(store) or fallback_shares
     trials = {t.plan_hash: t for t in measured}
     order, expected = finalist_order(measured, config, fp32, shares)
     chosen = order[: config.confirm.top_k]
@@ -103,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     fallback = None
     if args.shares is not None:
         with TrialStore(args.shares) as store:
-            fallback = runtime_shares(store)
+            fallback = stored_runtime_shares(store)
         if fallback is None:
             parser.error(f"--shares {args.shares}: the store keeps no runtime shares (an agent run's store does)")
     table = {name: finalists(name, path, args.config, args.out, fallback) for name, path in args.stores}

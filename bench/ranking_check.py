@@ -25,9 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.harness.memory import PRIOR_META  # noqa: E402
+from autotune.harness.memory import stored_runtime_shares  # noqa: E402
 from autotune.search.estimate import ACCURACY_KNOBS, fit_surrogate  # noqa: E402
-from autotune.search.prior import PriorInputs  # noqa: E402
 from autotune.search.select import expected_speedups, profile_speedups  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
 from autotune.trial import TrialResult  # noqa: E402
@@ -54,15 +53,6 @@ def estimates(
     return rules
 
 
-def runtime_shares(store: TrialStore) -> dict[str, float] | None:
-    """The FP32 profile's share of each layer, from the run's prior inputs (an agent run with priors keeps them)."""
-    meta = store.get_meta(PRIOR_META)
-    if meta is None:
-        return None
-    inputs = PriorInputs.from_dict(meta)
-    return {n: s for n, s in zip(inputs.layer_names, inputs.runtime_shares, strict=True) if s is not None}
-
-
 def agreement(expected: Mapping[str, float], confirmed: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
     """The logs of the expected and confirmed speedups of the plans both hold, in one order."""
     common = sorted(set(expected) & set(confirmed))
@@ -84,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     fallback = None
     if args.shares is not None:
         with TrialStore(args.shares) as store:
-            fallback = runtime_shares(store)
+            fallback = stored_runtime_shares(store)
         if fallback is None:
             parser.error(f"--shares {args.shares}: the store keeps no runtime shares (an agent run's store does)")
     confirmed_files = dict(args.confirmed)
@@ -97,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             trials = list(store.trials())
             fp32_hash = store.get_meta("fp32_plan_hash")
             confirmations = store.confirmations()
-            shares = runtime_shares(store) or fallback
+            shares = stored_runtime_shares(store) or fallback
         if fp32_hash is None or fp32_hash not in confirmations:
             parser.error(f"{path}: the run has not confirmed FP32 yet; finish it first (autotune resume)")
         if name in confirmed_files:

@@ -204,3 +204,12 @@ def prior_inputs(config: TuneConfig, space: SearchSpace, evaluator: Evaluator) -
 def store_prior_inputs(store: TrialStore, inputs: PriorInputs) -> None:
     """Keeps the prior inputs in the run's meta (the replay reads them)."""
     store.set_meta(PRIOR_META, inputs.to_dict())
+
+
+def stored_runtime_shares(store: TrialStore) -> dict[str, float] | None:
+    """The FP32 profile's share of each layer kept in a run's meta (agent runs with priors keep it), or None."""
+    meta = store.get_meta(PRIOR_META)
+    if meta is None:
+        return None
+    inputs = PriorInputs.from_dict(meta)
+    return {n: s for n, s in zip(inputs.layer_names, inputs.runtime_shares, strict=True) if s is not None}
