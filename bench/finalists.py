@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.config import load_config  # noqa: E402
 from autotune.files import write_json  # noqa: E402
-from autotune.harness.memory import stored_runtime_shares  # noqa: E402
+from autotune.harness.memory import lent_runtime_shares, stored_runtime_shares  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
 from autotune.tune import finalist_order  # noqa: E402
@@ -90,12 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shares", type=Path, help="a store whose FP32 profile ranks the stores that keep none")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    fallback = None
-    if args.shares is not None:
-        with TrialStore(args.shares) as store:
-            fallback = stored_runtime_shares(store)
-        if fallback is None:
-            parser.error(f"--shares {args.shares}: the store keeps no runtime shares (an agent run's store does)")
+    try:
+        fallback = lent_runtime_shares(args.shares) if args.shares is not None else None
+    except ValueError as error:
+        parser.error(f"--shares {error}")
     table = {name: finalists(name, path, args.config, args.out, fallback) for name, path in args.stores}
     write_json(args.out / "finalists.json", table)
     for name, rows in table.items():

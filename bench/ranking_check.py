@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.harness.memory import stored_runtime_shares  # noqa: E402
+from autotune.harness.memory import lent_runtime_shares, stored_runtime_shares  # noqa: E402
 from autotune.search.estimate import ACCURACY_KNOBS, fit_surrogate  # noqa: E402
 from autotune.search.select import expected_speedups, profile_speedups  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
@@ -71,12 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirmed", type=_named, nargs="*", default=[], help="NAME=FILE (autotune evaluate --json)")
     parser.add_argument("--shares", type=Path, help="a store whose FP32 profile serves the stores that keep none")
     args = parser.parse_args(argv)
-    fallback = None
-    if args.shares is not None:
-        with TrialStore(args.shares) as store:
-            fallback = stored_runtime_shares(store)
-        if fallback is None:
-            parser.error(f"--shares {args.shares}: the store keeps no runtime shares (an agent run's store does)")
+    try:
+        fallback = lent_runtime_shares(args.shares) if args.shares is not None else None
+    except ValueError as error:
+        parser.error(f"--shares {error}")
     confirmed_files = dict(args.confirmed)
     unknown = sorted(set(confirmed_files) - {name for name, _ in args.stores})
     if unknown:

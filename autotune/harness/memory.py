@@ -213,3 +213,16 @@ def stored_runtime_shares(store: TrialStore) -> dict[str, float] | None:
         return None
     inputs = PriorInputs.from_dict(meta)
     return {n: s for n, s in zip(inputs.layer_names, inputs.runtime_shares, strict=True) if s is not None}
+
+
+def lent_runtime_shares(path: Path) -> dict[str, float]:
+    """The runtime shares kept in another run's store, lent to a store that keeps none (a search's).
+
+    Raises:
+        ValueError: The store keeps none.
+    """
+    with TrialStore(path) as store:
+        shares = stored_runtime_shares(store)
+    if shares is None:
+        raise ValueError(f"{path}: the store keeps no runtime shares (an agent run's store does)")
+    return shares
