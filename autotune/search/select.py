@@ -76,19 +76,37 @@ def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -
     return expected
 
 
+def profile_model(
+    results: Sequence[TrialResult],
+    knob_defaults: Mapping[str, object],
+    runtime_shares: Mapping[str, float],
+    layer_names: Sequence[str],
+) -> Surrogate:
+    """The additive model whose INT8 saving per layer is its FP32 profile share times one scale (``PROFILE_WEIGHT``).
+
+    Args:
+        results: Measured trials (they fit the scale, the knobs' terms and the drops).
+        knob_defaults: Each knob's default (no model term).
+        runtime_shares: Layer name to its share of FP32 runtime; layers the profile did not time are left out.
+        layer_names: Every tunable layer, in table order.
+    """
+    shares = tuple(runtime_shares.get(name) for name in layer_names)
+    inputs = PriorInputs(tuple(layer_names), shares, {}, {}, metric="")
+    prior = layer_prior(inputs, results, knob_defaults)
+    model = fit_surrogate(
+        results, knob_defaults, ACCURACY_KNOBS, prior=prior, layer_names=layer_names, saving_prior_weight=PROFILE_WEIGHT
+    )
+    assert model is not None  # with a prior there is always a model
+    return model
+
+
 def profile_speedups(
     results: Sequence[TrialResult],
     knob_defaults: Mapping[str, object],
     runtime_shares: Mapping[str, float],
     layer_names: Sequence[str],
 ) -> dict[str, float] | None:
-    """Each successful plan's speedup as the profile-anchored additive model predicts it (``PROFILE_WEIGHT``).
-
-    Args:
-        results: Measured trials.
-        knob_defaults: Each knob's default (no model term).
-        runtime_shares: Layer name to its share of FP32 runtime; layers the profile did not time are left out.
-        layer_names: Every tunable layer, in table order.
+    """Each successful plan's speedup as :func:`profile_model` of all the trials predicts it.
 
     Returns:
         Plan hash to predicted speedup, or None without a successful trial.
@@ -96,13 +114,7 @@ def profile_speedups(
     ok = [r for r in results if r.ok and r.speedup]
     if not ok:
         return None
-    shares = tuple(runtime_shares.get(name) for name in layer_names)
-    inputs = PriorInputs(tuple(layer_names), shares, {}, {}, metric="")
-    prior = layer_prior(inputs, ok, knob_defaults)
-    model = fit_surrogate(
-        ok, knob_defaults, ACCURACY_KNOBS, prior=prior, layer_names=layer_names, saving_prior_weight=PROFILE_WEIGHT
-    )
-    assert model is not None  # with a prior there is always a model
+    model = profile_model(ok, knob_defaults, runtime_shares, layer_names)
     return {r.plan_hash: model.predict(r.plan)[0] for r in ok}
 
 

@@ -7,14 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from ranking_check import agreement, estimates, main  # noqa: E402
 
+from autotune.harness.memory import store_prior_inputs  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
+from autotune.search.prior import PriorInputs  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
+from autotune.testing import tiny_config  # noqa: E402
 from autotune.trial import TrialResult  # noqa: E402
 
 NAMES = ("a", "b", "c", "d")
@@ -97,3 +101,24 @@ def test_with_runtime_shares_the_profile_model_is_compared_too(tmp_path):
     assert np.mean(np.abs(np.subtract(*agreement(profile, truth)))) < 0.5 * np.mean(
         np.abs(np.subtract(*agreement(measured, truth)))
     )
+
+
+def test_cross_validation_needs_no_confirmation_given_the_config(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    shares = {"a": 0.3, "b": 0.2, "c": 0.1, "d": 0.3}
+    rng = np.random.default_rng(1)
+    with TrialStore(tmp_path / "cut.sqlite") as store:  # a run cut before its confirmation
+        for index in range(16):
+            quantized = {n for bit, n in enumerate(shares) if index >> bit & 1}
+            plan = Plan.make({n: ("int8" if n in quantized else "fp32") for n in shares})
+            speedup = 1 / (1 - 0.5 * sum(shares[n] for n in quantized)) * math.exp(rng.normal(0, 0.05))
+            store.put(TrialResult(plan=plan, speedup=speedup, accuracy_drop=0.001))
+        store_prior_inputs(store, PriorInputs(tuple(shares), tuple(shares.values()), {}, {}, "cosine"))
+    with pytest.raises(SystemExit):  # the knobs' defaults come from FP32's confirmation or the config
+        main(["--stores", str(tmp_path / "cut.sqlite")])
+    assert main(["--config", str(config_file), "--stores", f"cut={tmp_path / 'cut.sqlite'}"]) == 0
+    out = capsys.readouterr().out
+    assert "cut: 16 trials, cross-validated log-speedup RMSE: model " in out and "profile model" in out
+    assert "confirmed" not in out
