@@ -31,6 +31,7 @@ profile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import tempfile
@@ -44,8 +45,9 @@ from autotune.api import analyze
 from autotune.config import load_config
 from autotune.harness.memory import PRIOR_META
 from autotune.search.design import model_best_plan
-from autotune.search.estimate import RefittedEstimates, fit_surrogate
+from autotune.search.estimate import RefittedEstimates, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
+from autotune.search.select import PROFILE_WEIGHT
 from autotune.search.strategies import SEARCHES, SearchContext
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
@@ -256,6 +258,35 @@ def replay_greedy(args: argparse.Namespace, truth, space) -> list[dict]:
     return [replay(args.config, args.set, truth, space, seed, args.noise, "greedy") for seed in args.seeds]
 
 
+def fit_truth(
+    real: list[TrialResult],
+    defaults: dict,
+    layer_names: list[str],
+    prior: PriorInputs | None,
+    prior_weight: float = 0.0,
+    saving_weight: float = 0.0,
+) -> Surrogate | None:
+    """The simulator: the additive model of the real trials, toward the per-layer priors where a weight is given.
+
+    ``prior_weight`` pulls savings and drops toward the priors; ``saving_weight`` pulls the savings alone (the drops
+    then stay the trials' own fit). None with too few trials.
+    """
+    truth_prior = None
+    if (prior_weight or saving_weight) and prior is not None:
+        truth_prior = layer_prior(prior, real, defaults)
+        if not prior_weight:
+            truth_prior = dataclasses.replace(truth_prior, drops={})
+    return fit_surrogate(
+        real,
+        defaults,
+        ridge=SIMULATOR_RIDGE,
+        prior=truth_prior,
+        layer_names=layer_names,
+        prior_weight=prior_weight or SIMULATOR_RIDGE,
+        saving_prior_weight=saving_weight or None,
+    )
+
+
 def main() -> int:
     """Fits the simulator and replays each seed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -275,6 +306,13 @@ def main() -> int:
         help="fit the simulator toward the per-layer priors with this weight (trials' worth per layer), not toward 0:"
         " stores of one strategy's trials (greedy's, all near all-INT8) leave plans far from them to the prior",
     )
+    parser.add_argument(
+        "--truth-saving-weight",
+        type=float,
+        default=0.0,
+        help="fit the simulator's savings toward the FP32 profile's shares with this weight (the finalist rule's"
+        f" model: {PROFILE_WEIGHT:g}); its drops stay the trials' own fit unless --truth-prior-weight is given",
+    )
     args = parser.parse_args()
     config = load_config(args.config, args.set)
     _, space = analyze(config, profile=False)
@@ -283,18 +321,9 @@ def main() -> int:
         trial for path in paths for trial in TrialStore(Path(path)).trials() if trial.ok and trial.split == "evaluation"
     ]
     defaults = {knob.name: knob.default for knob in space.knobs}
-    prior = stored_prior_inputs(paths, config, space) if config.ppo.priors or args.truth_prior_weight else None
-    truth_prior = None
-    if args.truth_prior_weight and prior is not None:
-        truth_prior = layer_prior(prior, real, defaults)
-    truth = fit_surrogate(
-        real,
-        defaults,
-        ridge=SIMULATOR_RIDGE,
-        prior=truth_prior,
-        layer_names=space.layer_names,
-        prior_weight=args.truth_prior_weight,
-    )
+    toward_prior = args.truth_prior_weight or args.truth_saving_weight
+    prior = stored_prior_inputs(paths, config, space) if config.ppo.priors or toward_prior else None
+    truth = fit_truth(real, defaults, space.layer_names, prior, args.truth_prior_weight, args.truth_saving_weight)
     if truth is None:
         raise SystemExit(f"{args.stores}: too few successful trials to fit a simulator")
     print(f"simulator fitted on {len(real)} trials; variant {args.set or 'defaults'}; noise {args.noise}", flush=True)

@@ -78,6 +78,33 @@ def test_the_simulator_check_trusts_additive_drops_and_flags_interacting_ones():
     assert flagged["drop_error_p90"] > 0.2 and flagged["drop_error_p90"] > 4 * exact["drop_error_p90"]
 
 
+def test_the_simulator_s_savings_follow_the_profile_with_a_saving_weight_and_its_drops_the_trials():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import replay
+
+    from autotune.search.prior import PriorInputs
+
+    def drop_of(plan):
+        return sum(0.001 * (i + 1) for i, (_, p) in enumerate(plan.precisions) if p == "int8")
+
+    space, trials = _trials_of(drop_of)
+    names = space.layer_names
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    shares = (*[0.1] * (len(names) - 1), 0.7)
+    # single-layer errors that would put every layer's drop at 0.01: a prior the drops must not follow
+    errors = {n: {"max": 0.02} for n in names}
+    prior = PriorInputs(tuple(names), shares, errors, dict.fromkeys(names, "max"), "cosine")
+    plain = replay.fit_truth(trials, defaults, names, prior)
+    profiled = replay.fit_truth(trials, defaults, names, prior, saving_weight=1e4)
+    first_alone = space.plan({n: ("int8" if n == names[0] else "fp32") for n in names})
+    last_alone = space.plan({n: ("int8" if n == names[-1] else "fp32") for n in names})
+    # by the profile, the last layer holds 7 times the first one's runtime; the trials' own fit says the opposite
+    assert profiled.predict(last_alone)[0] > profiled.predict(first_alone)[0] * 1.05
+    assert plain.predict(first_alone)[0] > plain.predict(last_alone)[0] * 1.05
+    for plan in (first_alone, last_alone):  # the drops stay the trials' own, with the saving weight alone
+        assert profiled.predict(plan)[1] == pytest.approx(drop_of(plan), abs=5e-4)
+
+
 def test_replay_names_the_fix_when_the_stores_hold_too_few_trials(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(dump_config(tiny_config(tmp_path)))
