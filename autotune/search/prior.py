@@ -146,9 +146,9 @@ def layer_prior(
         The prior. Both scales are INT8's, so they are fitted only on plans whose layers are all INT8 or FP32
         (on a GPU an FP16 layer saves far more time than an INT8 one, which may cost time). The drop scale is
         fitted on those at the errors' granularity whose calibration has measured errors; the saving scale on
-        those at the default of every knob but the calibration, where there are such plans (a knob can cost more
-        than INT8 saves: MiniLM with ``allow_spinning`` off ran about 0.3 of FP32's time slower), and it is
-        negative where INT8 costs time.
+        those at the default of every knob but the calibration, where there are such plans (a knob such as
+        ``allow_spinning`` off on ONNX Runtime can cost more time than INT8 saves), and it is negative where INT8
+        costs time.
     """
     names = list(inputs.layer_names)
     index = {name: i for i, name in enumerate(names)}

@@ -35,11 +35,11 @@ def pareto_front(
 PROFILE_WEIGHT = 1000.0
 """How many trials' worth the FP32 profile's per-layer savings count when the finalists are ranked: so many that the
 trials only scale INT8's saving per unit of runtime share and set the knobs' terms. A search trial's speedup moves by
-about 10 % between measurements (one MiniLM plan measured 1.29x to 1.73x in six runs), more than one layer is worth
-(1-2 %), so per-layer terms fitted on a few dozen trials rank plans by their noise, while the profile times every
-layer in one long run. Over the 35 finalists of seven MiniLM runs this model alone ranked them as their
-confirmations did better than any other estimate (correlation 0.85 and 0.79 on two machines, against 0.74 and 0.75
-for :func:`expected_speedups`; docs/benchmarks.md, ``bench/ranking_check.py``)."""
+about 10 % between measurements (one MiniLM plan measured 1.29x to 1.73x in six runs; docs/benchmarks.md), more
+than one layer is worth (1-2 %), so per-layer terms fitted on a few dozen trials rank plans by their noise, while
+the profile times every layer in one long run. Over the 35 finalists of seven MiniLM runs this model alone ranked
+them as their confirmations did better than any other estimate (correlation 0.85 and 0.79 on two machines, against
+0.74 and 0.75 for :func:`expected_speedups`; docs/benchmarks.md, ``bench/ranking_check.py``)."""
 
 
 def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -> dict[str, float]:
