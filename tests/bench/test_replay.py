@@ -147,3 +147,69 @@ def test_replay_compares_every_strategy_by_builds_to_reach_greedys_result(tmp_pa
         assert all(a <= b for a, b in zip(curve, curve[1:], strict=False))  # best so far never falls
     greedy_best = sorted(r["best_speedup_within_budget"] for r in runs if r["strategy"] == "greedy")
     assert data["target"] == pytest.approx(0.98 * float(np.median(greedy_best)))
+    # then every run's confirmed winner, with greedy's as the yardstick of its own table
+    assert "held-out drop / search drop: 1.000, spread 0.000 (from 0 confirmed plans)" in done.stdout
+    winners = done.stdout.split("| confirmed winner (simulated speedup) |")[1]
+    assert winners.count("\n| greedy | ") == 1 and "| 1 [1, 1] |" in winners  # greedy over itself, seed by seed
+    for run in runs:
+        assert run["winner_speedup"] >= 1.0 and run["winner_drop"] <= 0.02  # tiny_config's accuracy budget
+
+
+class _Truth:
+    """A simulator stub: each plan's speedup and search drop by hash."""
+
+    def __init__(self, evaluate, drops):
+        self.evaluate, self.drops = evaluate, drops
+
+    def predict(self, plan):
+        return self.evaluate(plan).speedup, self.drops.get(plan.hash, 0.0)
+
+    def result(self, plan):
+        result = self.evaluate(plan)
+        result.accuracy_drop = self.drops.get(plan.hash, 0.0)
+        return result
+
+
+def test_the_simulated_winner_is_the_bolder_plan_only_while_its_held_out_drop_meets_the_budget(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import replay
+
+    config = tiny_config(tmp_path, search={"budget_headroom": 0.2})  # budget 0.02, search budget 0.016
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    names = space.layer_names
+    safe = space.plan({names[0]: "int8"})
+    bold = space.plan(dict.fromkeys(names, "int8"))
+    drops = {safe.hash: 0.005, bold.hash: 0.018}  # the bold plan is past the search budget, within the budget
+    truth = _Truth(evaluate, drops)
+    assert truth.predict(bold)[0] > truth.predict(safe)[0]
+    built = [truth.result(safe), truth.result(bold)]
+    rng = np.random.default_rng(0)
+    held = replay.confirmed_winner(built, truth, config, space, None, replay.HeldOut(1.0, 0.0, 0.0), rng)
+    assert held["winner_quantized"] == len(names) and held["winner_drop"] == pytest.approx(0.018)
+    shifted = replay.confirmed_winner(built, truth, config, space, None, replay.HeldOut(1.2, 0.0, 0.0), rng)
+    assert shifted["winner_quantized"] == 1 and shifted["winner_drop"] == pytest.approx(0.006)
+    assert shifted["winner_speedup"] == pytest.approx(truth.predict(safe)[0], rel=1e-3)
+    nothing = replay.confirmed_winner(built, truth, config, space, None, replay.HeldOut(5.0, 0.0, 0.0), rng)
+    assert nothing["winner_speedup"] == 1.0 and nothing["winner_quantized"] == 0
+
+
+def test_held_out_drop_ratios_pair_each_confirmation_with_its_search_trial(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import replay
+
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    names = space.layer_names
+    plans = [space.plan({names[0]: "int8"}), space.plan({names[1]: "int8"}), space.plan(dict.fromkeys(names, "int8"))]
+    path = tmp_path / "trials.sqlite"
+    with TrialStore(path) as store:
+        for plan, search_drop, held_drop in zip(plans, (0.01, 0.0001, 0.02), (0.011, 0.0005, 0.03), strict=True):
+            trial = evaluate(plan)
+            trial.accuracy_drop = search_drop
+            store.put(trial)
+            confirmed = evaluate(plan)
+            confirmed.accuracy_drop, confirmed.split = held_drop, "holdout"
+            store.put_confirmation(confirmed)
+    ratios = replay.held_out_drop_ratios([str(path)], drop_floor=0.001)  # the near-zero drop is left out
+    assert sorted(ratios) == pytest.approx([1.1, 1.5])
