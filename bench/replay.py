@@ -471,6 +471,15 @@ def main() -> int:
             f"(from {len(ratios)} confirmed plans); confirmation noise {held_out.noise}",
             flush=True,
         )
+        # The ceiling of a confirmed winner: what the bold place could hold at best, where greedy's winner sits.
+        limit = config.accuracy_budget / held_out.drop_ratio
+        bold = model_best_plan(truth, space, limit, iterations=1500)
+        print(
+            f"simulator's best plan whose held-out drop meets the accuracy budget at the median ratio (search drop "
+            f"<= {limit:.3g}): {truth.predict(bold)[0]:.3f}x ({sum(p != 'fp32' for _, p in bold.precisions)} layers "
+            "quantized)",
+            flush=True,
+        )
         return compare(args, truth, space, prior, held_out)
     for seed in args.seeds:
         result = replay(args.config, args.set, truth, space, seed, args.noise, prior=prior)

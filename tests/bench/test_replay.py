@@ -149,6 +149,7 @@ def test_replay_compares_every_strategy_by_builds_to_reach_greedys_result(tmp_pa
     assert data["target"] == pytest.approx(0.98 * float(np.median(greedy_best)))
     # then every run's confirmed winner, with greedy's as the yardstick of its own table
     assert "held-out drop / search drop: 1.000, spread 0.000 (from 0 confirmed plans)" in done.stdout
+    assert "meets the accuracy budget at the median ratio (search drop <= 0.02): " in done.stdout
     winners = done.stdout.split("| confirmed winner (simulated speedup) |")[1]
     assert winners.count("\n| greedy | ") == 1 and "| 1 [1, 1] |" in winners  # greedy over itself, seed by seed
     for run in runs:
