@@ -159,10 +159,9 @@ def confirmed_winner(
     top_k = config.confirm.top_k
 
     def confirm(plan) -> TrialResult:
-        speedup, drop = truth.predict(plan)
-        result = truth.result(plan)
-        result.speedup = speedup * float(np.exp(rng.normal(0.0, held_out.noise)))
-        result.accuracy_drop = drop * held_out.drop_ratio * float(np.exp(rng.normal(0.0, held_out.drop_sigma)))
+        result = truth.result(plan)  # the simulator's speedup and search drop
+        result.speedup *= float(np.exp(rng.normal(0.0, held_out.noise)))
+        result.accuracy_drop *= held_out.drop_ratio * float(np.exp(rng.normal(0.0, held_out.drop_sigma)))
         result.split = "holdout"
         return result
 
