@@ -260,10 +260,7 @@ def replay(
     quantized = [sum(p != "fp32" for _, p in r.plan.precisions) for r in built]
     winner = {}
     if held_out is not None:
-        shares = None
-        if prior is not None:
-            pairs = zip(prior.layer_names, prior.runtime_shares, strict=True)
-            shares = {name: share for name, share in pairs if share is not None}
+        shares = prior.share_map() if prior is not None else None
         winner = confirmed_winner(built, truth, config, space, shares, held_out, rng)
     return {
         "strategy": strategy,
@@ -412,7 +409,7 @@ def main() -> int:
     parser.add_argument(
         "--confirm-noise",
         type=float,
-        default=0.02,
+        default=HeldOut.noise,
         help="with --strategies: log-normal sigma of a confirmed speedup (the same MiniLM winner moved up to 4 %%"
         " between two confirmations, docs/benchmarks.md)",
     )

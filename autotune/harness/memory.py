@@ -211,8 +211,7 @@ def stored_runtime_shares(store: TrialStore) -> dict[str, float] | None:
     meta = store.get_meta(PRIOR_META)
     if meta is None:
         return None
-    inputs = PriorInputs.from_dict(meta)
-    return {n: s for n, s in zip(inputs.layer_names, inputs.runtime_shares, strict=True) if s is not None}
+    return PriorInputs.from_dict(meta).share_map()
 
 
 def lent_runtime_shares(path: Path) -> dict[str, float]:

@@ -53,6 +53,11 @@ class PriorInputs:
     metric: str
     default_granularity: str | None = "per_channel"
 
+    def share_map(self) -> dict[str, float]:
+        """Layer name to its share of FP32 runtime, for the layers the profile timed (what ranks finalists)."""
+        pairs = zip(self.layer_names, self.runtime_shares, strict=True)
+        return {name: share for name, share in pairs if share is not None}
+
     def layer_errors(self, calibration: str) -> np.ndarray | None:
         """Per layer, the single-layer output error of a calibration setting; None where none was measured."""
         if not self.errors:

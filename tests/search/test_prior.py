@@ -118,3 +118,8 @@ def test_the_int8_scales_ignore_fp16_plans_and_plans_slowed_by_a_knob():
     assert prior.drop_per_error == pytest.approx(0.3)
     # with no plan at the defaults, the slowed one still gives a scale, and INT8 that costs time is negative
     assert layer_prior(_inputs(), [slowed], {**DEFAULTS, "allow_spinning": True}).saving_per_share < 0
+
+
+def test_the_share_map_keeps_only_the_layers_the_profile_timed():
+    inputs = PriorInputs(("a", "b", "c"), (0.5, None, 0.2), {}, {}, "cosine")
+    assert inputs.share_map() == {"a": 0.5, "c": 0.2}
