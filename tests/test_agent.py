@@ -39,6 +39,9 @@ def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path,
 class _InterruptedRehearsal:
     """A model of the trials whose first imagined build is interrupted, as a Ctrl-C would."""
 
+    def predict(self, plan):
+        return 1.0, 0.0
+
     def result(self, plan):
         raise KeyboardInterrupt
 
