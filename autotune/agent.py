@@ -273,7 +273,7 @@ def imitate(model: Any, env: Any, plan: Plan, target: float, max_steps: int = 50
     try:
         for _ in range(max_steps):
             _, log_prob, _ = policy.evaluate_actions(obs, chosen, action_masks=allowed)
-            reached = float(log_prob.exp().mean())
+            reached = float(log_prob.detach().exp().mean())
             if reached >= target:
                 break
             policy.optimizer.zero_grad()
