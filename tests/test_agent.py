@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotune.agent import LATEST, train
+from autotune.agent import LATEST, imitate, train
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 
@@ -121,6 +121,57 @@ def test_each_planning_step_builds_as_many_distinct_model_plans_as_configured(tm
     assert all(model.predict(plan)[1] <= config.search_budget for plan in first_step)
     # the two sampled episodes follow, then the next planning step's three
     assert len(built) == 8
+
+
+def test_imitation_makes_the_policys_likeliest_plan_the_given_one():
+    from sb3_contrib import MaskablePPO
+
+    from envs.engine_build import EngineBuildEnv
+
+    space = tiny_space()
+    env = EngineBuildEnv(space, _FixedModel().result, accuracy_budget=0.02)
+    model = MaskablePPO("MlpPolicy", env, n_steps=16, batch_size=16, seed=0, device="cpu")
+    names = space.layer_names
+    plan = space.plan({names[0]: "int8", names[2]: "int8"})
+
+    assert imitate(model, env, plan, target=0.95) >= 0.95  # a fresh policy gives each of 2 options about 1/2
+    observation, _ = env.reset()
+    done = False
+    while not done:
+        action, _ = model.predict(observation, action_masks=env.action_masks(), deterministic=True)
+        observation, _, done, _, _ = env.step(int(action))
+    assert env.last_result.plan == plan
+
+
+@pytest.mark.parametrize("target", [0.9, 0.0])
+def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehearsal(tmp_path, monkeypatch, target):
+    from autotune import agent
+
+    calls = []
+
+    def recording(model, env, plan, target, max_steps=500):
+        calls.append((plan, target))
+        return imitate(model, env, plan, target, max_steps)
+
+    monkeypatch.setattr(agent, "imitate", recording)
+    config, model, space, built = _planning_run(tmp_path, builds=8, imitation=target)
+    if target:
+        assert calls == [(model_best_plan(model, space, config.search_budget, seed=config.seed), target)]
+    else:
+        assert calls == []
+    calls.clear()
+    real, built = _recording_evaluator(space)  # resumed: the policy is a trained one, imitation would undo it
+    train(
+        config.model_copy(update={"budget": config.budget.model_copy(update={"builds": 4})}),
+        space,
+        real,
+        lambda: len(built),
+        tmp_path / "tb",
+        tmp_path / "ckpt",
+        resume=True,
+        surrogate=lambda: model,
+    )
+    assert calls == [] and len(built) == 4
 
 
 def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_layers(tmp_path):
