@@ -25,7 +25,7 @@ from typing import Any
 from autotune.config import ConfigError, TuneConfig
 from autotune.extras import require
 from autotune.harness.prepare import SetupError
-from autotune.harness.process import ChildRunner, handle, place_worker, prepare_runner, source_fingerprint
+from autotune.harness.process import ChildRunner, handle, prepare_runner, source_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -210,18 +210,12 @@ class RayWorker:
         config_data: The run's config, with absolute paths.
         cache_files: The first worker's cache folder (relative path to bytes), written before preparing, so a
             worker on another node does not calibrate again.
-        cores: CPUs to pin the actor to, or None.
         source: The run's source fingerprint: an actor importing other autotune code refuses to serve.
+
+    Ray places the actor (``num_cpus``, ``num_gpus``); unlike a local trial process it is not pinned to cores.
     """
 
-    def __init__(
-        self,
-        config_data: dict,
-        cache_files: dict[str, bytes] | None = None,
-        cores: list[int] | None = None,
-        source: str | None = None,
-    ):
-        place_worker(cores, None)
+    def __init__(self, config_data: dict, cache_files: dict[str, bytes] | None = None, source: str | None = None):
         if cache_files:
             restore_cache(Path(config_data["cache_dir"]), cache_files)
         self.cache_dir = Path(config_data["cache_dir"])
@@ -278,7 +272,7 @@ class RayPool(Pool):
         self._pending: dict[int, Any] = {}
 
     def _new_actor(self) -> Any:
-        return self._actor_class.remote(self._config_data, self._cache, None, self._source)
+        return self._actor_class.remote(self._config_data, cache_files=self._cache, source=self._source)
 
     def _check(self, outcome: Outcome) -> None:
         if outcome[0] == "setup_error":
@@ -286,7 +280,7 @@ class RayPool(Pool):
 
     def start(self) -> None:
         """Starts the first actor, ships its cache files to the others, and waits until all are prepared."""
-        first = self._actor_class.remote(self._config_data, None, None, self._source)
+        first = self._actor_class.remote(self._config_data, source=self._source)
         self._check(self.ray.get(first.ready.remote()))
         self._cache = self.ray.put(self.ray.get(first.cache_files.remote()))
         self.actors = [first, *(self._new_actor() for _ in range(self.size - 1))]
