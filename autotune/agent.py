@@ -385,6 +385,8 @@ def train(
     max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
     rehearsal = -(-config.ppo.imagined_episodes * episode_length // rollout) * rollout
     fresh = not resume
+    # A policy that has learned (a resumed run's) is not cloned again: that would undo what it learned.
+    cloned = model.num_timesteps > 0
     try:
         known_prior = prior() if prior is not None else None
         if known_prior is not None and surrogate is not None and config.ppo.build_model_plan:
@@ -398,9 +400,10 @@ def train(
         for _ in range(max_updates):
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
             current[0] = surrogate() if surrogate is not None and config.ppo.imagined_episodes else None
-            if current[0] is not None and fresh and config.ppo.imitation > 0:
+            if current[0] is not None and not cloned and config.ppo.imitation > 0:
                 best = model_best_plan(current[0], space, config.search_budget, seed=config.seed)
                 imitate(model, imagined.envs[0], best, config.ppo.imitation)
+                cloned = True
             if current[0] is not None:
                 model.set_env(imagined)
                 model.learn(rehearsal, reset_num_timesteps=fresh, log_interval=1)
