@@ -165,7 +165,8 @@ def test_evaluate_measures_several_plans_side_by_side_in_one_process(config_file
     for row in (rows["ort-static"], rows["fp32"]):  # tiny_config: one round
         assert row[6].endswith("x,") and row[7:9] == ["faster", "in"] and row[9] in ("0/1", "1/1")
         ratio, faster = float(row[6][:-2]), row[9] == "1/1"
-        assert faster == (ratio > 1)
+        if ratio != 1.0:  # printed to two decimals: a ratio of 1.003 reads 1.00 and was faster
+            assert faster == (ratio > 1)
 
     assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "ort-static", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
