@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Callable, Collection, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.files import atomic_write
+from autotune.interrupt import interrupts_held
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import Surrogate
@@ -24,33 +22,13 @@ OPENING_MODEL_PLANS = 3
 """With priors, the model's best plan is built first, again after each miss of the search budget, up to this many."""
 
 
-@contextmanager
-def _ctrl_c_held() -> Iterator[None]:
-    """Holds Ctrl-C until the block ends, then raises it.
-
-    A KeyboardInterrupt inside ``torch.save`` leaves its zip writer half closed, and the writer's exit turns it
-    into a RuntimeError: the run would end with a traceback instead of the interrupt's clean exit.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
-
-
 def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) -> None:
-    """Saves ``latest.zip`` atomically, and a numbered copy when given ``builds``; Ctrl-C waits for the save.
+    """Saves ``latest.zip`` atomically, and a numbered copy when given ``builds``; an interrupt waits for the save.
 
     A crash mid-save leaves the previous ``latest.zip`` in place.
     """
     checkpoints.mkdir(parents=True, exist_ok=True)
-    with _ctrl_c_held():
+    with interrupts_held():
         if builds is not None:
             model.save(checkpoints / f"ppo_{builds}_builds.zip")
         atomic_write(checkpoints / LATEST, model.save)

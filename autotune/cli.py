@@ -240,22 +240,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     from autotune.backends import BackendUnavailable, BuildError
     from autotune.extras import MissingExtra
     from autotune.harness import SetupError
+    from autotune.interrupt import SIGTERM_EXIT_CODE, Terminated, sigterm_interrupts
     from autotune.store import StoreError
 
     try:
-        return args.handler(args)
+        with sigterm_interrupts():  # `kill` or `timeout` stops a run as Ctrl-C does: its time and agent are kept
+            return args.handler(args)
     except (ConfigError, SetupError, StoreError, BackendUnavailable, BuildError, MissingExtra) as error:
         print(f"autotune: error: {error}", file=sys.stderr)
         return 2
     except OSError as error:  # a full disk or an unwritable folder: the message names the file and the cause
         print(f"autotune: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print(
             "autotune: interrupted; measured trials are kept: continue with `autotune resume runs/<name>`",
             file=sys.stderr,
         )
-        return 130
+        return SIGTERM_EXIT_CODE if isinstance(interrupt, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -136,10 +136,12 @@ def _worker_main(
 ) -> None:
     """Serves trials until the parent closes the pipe.
 
-    Ctrl-C in a terminal reaches the whole process group: the trial process ignores SIGINT and leaves the
-    interrupt to the run, which stops it after committing what was measured.
+    Ctrl-C in a terminal, and SIGTERM from ``timeout`` or a scheduler, reach the whole process group: the trial
+    process ignores both and leaves the interrupt to the run, which stops it after committing what was measured
+    (a trial process that died of the signal would be recorded as a crashed trial of the plan it was building).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=LOG_FORMAT)  # a spawned process starts without the run's logging
     _die_with_parent()
     place_worker(cores, environment)

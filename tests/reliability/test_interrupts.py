@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGKILL of a whole run: the store stays consistent, no process is left behind, and `autotune resume`
+"""Ctrl-C, SIGTERM and SIGKILL of a whole run: the store stays consistent, no process is left behind, and `autotune resume`
 finishes the run without losing a committed trial or measuring one twice. SIGKILL during the search and during a
 store write are in tests/test_tune.py and tests/test_store.py."""
 
@@ -38,7 +38,11 @@ def _stop(process) -> None:
         process.communicate()
 
 
-def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM)], ids=["Ctrl-C", "SIGTERM"]
+)
+def test_ctrl_c_or_sigterm_ends_the_run_cleanly_and_resume_finishes_it(tmp_path, signum, exit_code):
+    """Ctrl-C in a terminal, and SIGTERM from `timeout` or a batch scheduler, reach the whole process group."""
     budget = 24
     config = fast_config(
         tmp_path,
@@ -53,12 +57,12 @@ def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
         wait_for(lambda: trial_count(store_path) >= 8, process, what="8 trials")
         helpers = children(process.pid)  # the trial process (and multiprocessing's resource tracker)
         assert helpers
-        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole foreground group
+        os.killpg(process.pid, signum)
         _, err = process.communicate(timeout=60)
     finally:
         _stop(process)
 
-    assert process.returncode == 130, err
+    assert process.returncode == exit_code, err
     assert "autotune: interrupted; measured trials are kept: continue with `autotune resume" in err
     assert "Traceback" not in err  # neither the run nor its trial process prints one
     assert integrity(store_path) == [("ok",)]
@@ -70,6 +74,7 @@ def test_ctrl_c_ends_the_run_cleanly_and_resume_finishes_it(tmp_path):
     assert 8 <= len(before) < budget
     wall_at_interrupt = _wall_s(store_path)
     assert wall_at_interrupt > 0  # the time spent so far is kept with the trials
+    assert {result["status"] for result in before.values()} == {"ok"}  # the trial process was not killed mid-trial
 
     resumed = autotune("resume", config.run_dir, "--no-progress", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -121,8 +126,8 @@ def _wall_s(store_path):
 def test_a_run_killed_while_confirming_leaves_no_orphan_and_resume_confirms_without_building_again(tmp_path, signum):
     """The run is killed while its trial process is busy (here: hung) on the second plan of its confirmation,
     which measures the finalists side by side in one request: nothing of it is committed, and the resume confirms
-    them all again without building a trial of the search. SIGTERM (a scheduler's stop) has no handler: it ends
-    the run like SIGKILL, and the same guarantees hold."""
+    them all again without building a trial of the search. SIGTERM to the run alone (`kill PID`) stops it as
+    Ctrl-C does, and the same guarantees hold."""
     budget = 6
     folder = faults.write_plan(tmp_path / "faults", {str(budget + 2): "hang"})
     config = fast_config(
