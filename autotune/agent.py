@@ -289,7 +289,8 @@ def train(
     policy is then cloned toward the model's best plan (``ppo.imitation``, :func:`imitate`). Then
     real updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes
     scored by the additive model of the trials so far, which cost no build (Dyna): the agent learns which layers
-    pay from a few dozen builds, and every plan it builds corrects the model.
+    pay from a few dozen builds, and every plan it builds corrects the model. Each planning step builds the
+    model's best plans within the search budget, and one bolder (``ppo.bold_plan``).
 
     Args:
         config: The run's config (``ppo``, ``seed``, ``budget``, ``reward``).
@@ -398,6 +399,14 @@ def train(
                     config.seed + builds(),
                     known,
                 )
+                if config.bold_budget > config.search_budget:
+                    # A bold bet for the confirmation: greedy's winners sit past the search budget, where held-out
+                    # data may still find them within the accuracy budget, and the plans aimed below it never go.
+                    taken = {*known, *(plan.hash for plan in plans)}
+                    bold = model_best_plan(
+                        current[0], space, config.bold_budget, seed=config.seed + builds(), exclude=taken
+                    )
+                    plans += [] if bold.hash in taken else [bold]
                 _build_all(plans, evaluate, evaluate_many, builds, config.budget.builds)
                 if builds() >= config.budget.builds:  # a rollout would build at least one plan more
                     save_checkpoint(model, checkpoints, builds())

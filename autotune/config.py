@@ -321,6 +321,10 @@ class PPOConfig(_Strict):
     budget (a local search on the model; Dyna's planning step), outside PPO's rollouts."""
     model_plans: int = Field(1, gt=0)
     """Distinct plans of the model (its best unmeasured ones) built at each planning step, per worker."""
+    bold_plan: float = Field(0.6, ge=0, le=1)
+    """Each planning step also builds the model's best unmeasured plan whose drop is this fraction of the way from
+    the search budget to the accuracy budget: where a finalist's bold place (``confirm.bold_places``) is, and
+    where held-out data decides whether a plan meets the budget. 0 (or no ``search.budget_headroom``): off."""
     imitation: float = Field(0.9, ge=0, lt=1)
     """Before its first rehearsal, the policy learns to choose the model's best plan with this mean probability per
     step (behaviour cloning), so PPO's first real plans vary that plan instead of following a fresh policy, which
@@ -338,6 +342,9 @@ class ConfirmConfig(_Strict):
     """Re-measurement of the finalists before export: many short rounds, each compared within itself."""
 
     top_k: int = Field(5, gt=0)
+    bold_places: int = Field(2, ge=0)
+    """Of the ``top_k`` places, up to this many go to the fastest plans between the search budget and the accuracy
+    budget, where each is faster than every plan within the search budget (``autotune.search.select``)."""
     repeats: int = Field(10, ge=1)
     rounds: int = Field(8, ge=1)
     references: list[str] | None = None
@@ -417,6 +424,11 @@ class TuneConfig(_Strict):
     def search_budget(self) -> float:
         """The accuracy budget the search aims at: the budget less the headroom kept for held-out data."""
         return self.accuracy_budget * (1.0 - self.search.budget_headroom)
+
+    @property
+    def bold_budget(self) -> float:
+        """The drop the agent's bold plans aim at: ``ppo.bold_plan`` of the way from the search budget to the budget."""
+        return self.search_budget + self.ppo.bold_plan * (self.accuracy_budget - self.search_budget)
 
     @property
     def run_dir(self) -> Path:

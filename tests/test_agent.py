@@ -94,12 +94,14 @@ class _FixedModel:
         return TrialResult(plan=plan, speedup=speedup, accuracy_drop=drop, split="surrogate", from_store=True)
 
 
-def _planning_run(tmp_path, builds: int, **ppo):
+def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **ppo):
     """An agent trained on ``_FixedModel`` with the planning step, no probes: config, model, space, built plans."""
     space = tiny_space()
     real, built = _recording_evaluator(space)
     settings = {"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True}
-    config = tiny_config(tmp_path, budget={"builds": builds}, ppo={**settings, **ppo})
+    config = tiny_config(
+        tmp_path, budget={"builds": builds}, search={"budget_headroom": headroom}, ppo={**settings, **ppo}
+    )
     model = _FixedModel()
     train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
     return config, model, space, built
@@ -121,6 +123,16 @@ def test_each_planning_step_builds_as_many_distinct_model_plans_as_configured(tm
     assert all(model.predict(plan)[1] <= config.search_budget for plan in first_step)
     # the two sampled episodes follow, then the next planning step's three
     assert len(built) == 8
+
+
+def test_with_headroom_each_planning_step_also_builds_the_models_best_plan_past_the_search_budget(tmp_path):
+    # budget 0.02, headroom 0.5: the search aims at 0.01 (one layer of 0.006), the bold plan at 0.016 (two)
+    config, model, space, built = _planning_run(tmp_path, builds=6, headroom=0.5)
+    assert config.search_budget < config.bold_budget < config.accuracy_budget
+    assert built[0] == model_best_plan(model, space, config.search_budget, seed=config.seed)
+    bold = built[1]
+    assert config.search_budget < model.predict(bold)[1] <= config.bold_budget
+    assert sum(p != "fp32" for _, p in bold.precisions) == int(config.bold_budget / 0.006)
 
 
 def test_imitation_makes_the_policys_likeliest_plan_the_given_one():

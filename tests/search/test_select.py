@@ -52,6 +52,22 @@ def test_one_finalist_place_goes_to_a_faster_plan_between_the_search_budget_and_
     assert set(order[5:]) == {"bold_but_slower", "over"}
 
 
+@pytest.mark.parametrize(("bold_places", "bold"), [(2, ["bolder", "bold"]), (1, ["bolder"]), (0, [])])
+def test_up_to_bold_places_finalist_places_go_to_faster_plans_between_the_budgets(tmp_path, bold_places, bold):
+    config = tiny_config(
+        tmp_path,
+        accuracy_budget=0.01,
+        search={"budget_headroom": 0.2},
+        confirm={"top_k": 4, "bold_places": bold_places},
+    )
+    within = [("fast", 1.5, 0.007), ("next", 1.4, 0.006), ("third", 1.3, 0.005), ("fourth", 1.2, 0.004)]
+    zone = [("bold", 1.9, 0.0085), ("bolder", 2.0, 0.0095), ("slower_zone", 1.45, 0.009)]
+    order = _order(config, *within, *zone)
+    # the bold bets fastest first, after as many of the fastest within the search budget as the other places hold
+    assert order[:4] == ["fast", "next", "third", "fourth"][: 4 - len(bold)] + bold
+    assert "slower_zone" not in order[:4]
+
+
 def test_no_bold_place_when_no_plan_between_the_budgets_is_faster_than_the_search_budget_s_best(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 3})
     within = [("fast", 1.5, 0.007), ("next", 1.4, 0.006), ("third", 1.3, 0.005)]
