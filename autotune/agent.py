@@ -401,7 +401,7 @@ def train(
                 )
                 if config.bold_budget > config.search_budget:
                     # A bold bet for the confirmation: greedy's winners sit past the search budget, where held-out
-                    # data may still find them within the accuracy budget, and the plans aimed below it never go.
+                    # data may still find a plan within the accuracy budget; the plans aimed below it never go there.
                     taken = {*known, *(plan.hash for plan in plans)}
                     bold = model_best_plan(
                         current[0], space, config.bold_budget, seed=config.seed + builds(), exclude=taken

@@ -34,6 +34,10 @@ times the held-out-to-search drop ratio of the stores' own confirmations (their 
 plan). The winner is the fastest confirmed finalist within the accuracy budget; the table gives its simulated
 speedup and its ratio to greedy's, per seed (median [min, max]). Run it once per build budget (48, 150) to
 compare with the real winners at those budgets.
+
+``--plans-out DIR`` writes the simulator's best plans as plan files, to measure them on a real machine
+(``autotune evaluate CONFIG --plan DIR/within-search-budget.json``): ``within-search-budget.json`` and, with
+``--strategies``, ``ceiling.json`` (the best plan whose held-out drop meets the accuracy budget at the median ratio).
 """
 
 from __future__ import annotations
@@ -406,6 +410,7 @@ def main() -> int:
         "--strategies", nargs="+", choices=("ppo", "ppo-noprior", *SEARCHES), help="compare these strategies"
     )
     parser.add_argument("--out", help="with --strategies: write every best-so-far curve to this JSON file")
+    parser.add_argument("--plans-out", type=Path, help="write the simulator's best plans as plan files to this folder")
     parser.add_argument(
         "--confirm-noise",
         type=float,
@@ -444,6 +449,9 @@ def main() -> int:
     best = model_best_plan(truth, space, config.search_budget, iterations=1500)
     optimum, layers = truth.predict(best)[0], sum(p != "fp32" for _, p in best.precisions)
     print(f"simulator's best plan within the search budget: {optimum:.3f}x ({layers} layers quantized)", flush=True)
+    if args.plans_out:
+        args.plans_out.mkdir(parents=True, exist_ok=True)
+        (args.plans_out / "within-search-budget.json").write_text(best.to_json())
     check = fit_check(real, defaults, drop_floor=config.search_budget / 3)
     if check["held_out"] and check["drop_error_median"] is not None:
         print(
@@ -476,6 +484,8 @@ def main() -> int:
             "quantized)",
             flush=True,
         )
+        if args.plans_out:
+            (args.plans_out / "ceiling.json").write_text(bold.to_json())
         return compare(args, truth, space, prior, held_out)
     for seed in args.seeds:
         result = replay(args.config, args.set, truth, space, seed, args.noise, prior=prior)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from autotune.config import dump_config
+from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 
@@ -130,7 +131,7 @@ def test_replay_compares_every_strategy_by_builds_to_reach_greedys_result(tmp_pa
     out = tmp_path / "curves.json"
     command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(store_path)]
     command += ["--set", "ppo.episodes_per_update=2", "--set", "ppo.imagined_episodes=4", "--seeds", "0", "1"]
-    command += ["--strategies", "ppo", "greedy", "random", "--out", str(out)]
+    command += ["--strategies", "ppo", "greedy", "random", "--out", str(out), "--plans-out", str(tmp_path / "plans")]
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -154,6 +155,13 @@ def test_replay_compares_every_strategy_by_builds_to_reach_greedys_result(tmp_pa
     assert winners.count("\n| greedy | ") == 1 and "| 1 [1, 1] |" in winners  # greedy over itself, seed by seed
     for run in runs:
         assert run["winner_speedup"] >= 1.0 and run["winner_drop"] <= 0.02  # tiny_config's accuracy budget
+    # the simulator's best plans, as plan files `autotune evaluate --plan` measures on a real machine
+    for name, printed in (("within-search-budget", "within the search budget: "), ("ceiling", "median ratio")):
+        plan = Plan.from_json((tmp_path / "plans" / f"{name}.json").read_text())
+        assert [layer for layer, _ in plan.precisions] == space.layer_names
+        quantized = sum(p != "fp32" for _, p in plan.precisions)
+        line = next(line for line in done.stdout.splitlines() if printed in line)
+        assert f"({quantized} layers quantized)" in line
 
 
 class _Truth:
