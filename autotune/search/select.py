@@ -155,7 +155,7 @@ def confirmation_order(
         ),
         key=speed,
         reverse=True,
-    )[: min(config.confirm.bold_places, config.confirm.top_k - 1)]
+    )[: min(config.confirm.bold_places, config.confirm.top_k - 1 if within else config.confirm.top_k)]
     fastest = within[: max(1, config.confirm.top_k - len(bolder))]
     order = [*fastest, *bolder]
     seen = {r.plan_hash for r in order}

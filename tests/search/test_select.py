@@ -68,6 +68,12 @@ def test_up_to_bold_places_finalist_places_go_to_faster_plans_between_the_budget
     assert "slower_zone" not in order[:4]
 
 
+def test_with_nothing_within_the_search_budget_a_single_place_goes_to_the_bold_plan(tmp_path):
+    config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 1})
+    # "over" is faster and, by reward, first: the place goes to the plan held-out data may find within the budget
+    assert _order(config, ("bold", 1.5, 0.009), ("over", 6.0, 0.0101))[0] == "bold"
+
+
 def test_no_bold_place_when_no_plan_between_the_budgets_is_faster_than_the_search_budget_s_best(tmp_path):
     config = tiny_config(tmp_path, accuracy_budget=0.01, search={"budget_headroom": 0.2}, confirm={"top_k": 3})
     within = [("fast", 1.5, 0.007), ("next", 1.4, 0.006), ("third", 1.3, 0.005)]
