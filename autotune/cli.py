@@ -118,6 +118,11 @@ def _print_summary(summary: dict) -> None:
             print(_summary_row(label, row))
     if summary.get("reference_note"):
         print(f"note: {summary['reference_note']}")
+    check = (summary.get("self_check") or {}).get("confirmation")
+    if check:
+        print(f"timing self-check: FP32 against itself {check['ratio']:.3f}x in the confirmation")
+    if summary.get("timing_note"):
+        print(f"note: {summary['timing_note']}")
     print(
         f"accuracy budget {summary['accuracy_budget']} ({summary['metric']}); builds {summary['builds']}, "
         f"store hits {summary['cache_hits']}; exported: {', '.join(summary['files'])}"

@@ -282,6 +282,9 @@ class RewardConfig(_Strict):
     accuracy_penalty: float = Field(5.0, ge=0)
     penalty_units: Literal["budget", "metric"] = "budget"
     failure: float = -1.0
+    tie_within: float | None = Field(None, ge=0)
+    """Relative speedup differences the reward treats as ties (``autotune.search.reward.latency_gain``); None: the
+    noise of the run's own FP32 self-check (``autotune.measure.SelfCheck``), 0: none."""
 
 
 class BudgetConfig(_Strict):
@@ -347,6 +350,10 @@ class ConfirmConfig(_Strict):
     budget, where each is faster than every plan within the search budget (``autotune.search.select``)."""
     repeats: int = Field(10, ge=1)
     rounds: int = Field(8, ge=1)
+    self_check: bool = True
+    """Time FP32 against itself before the search and read the confirmation's FP32 row the same way
+    (``autotune.harness.selfcheck``): outside [0.97, 1.03] the run says so, confirms in more rounds, and ratios
+    within the measured noise are ties. Off: neither check; ties only between equal speedups."""
     references: list[str] | None = None
     """The backend's one-liners (``ort-static``, ``ort-dynamic`` for ONNX Runtime) measured beside the finalists,
     with this protocol; default every one the backend offers, ``[]`` for none."""

@@ -193,8 +193,10 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
         best, ratio = data.summary.get("best_reference"), data.summary.get("winner_over_best_reference")
         if best and ratio:
             lines.append(f"- winner against the best one-liner within the budget ({best}): {ratio:.3f}x its speed")
+        lines += _self_check_lines(data.summary)
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
-    ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget)
+    noise = ((data.summary or {}).get("self_check") or {}).get("confirmation", {}).get("noise", 0.0)
+    ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget, noise)
     winner_plan = ranked[0].plan if ranked else None
     lines += [
         "## Confirmed plans (held-out data, longer protocol)",
@@ -224,6 +226,18 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
                 f"| {_fmt(sensitivities.get(name), '.2e')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _self_check_lines(summary: dict) -> list[str]:
+    """The run's timing self-checks (FP32 against itself), and the note when one left its band."""
+    checks = summary.get("self_check") or {}
+    read = [f"{checks[where]['ratio']:.3f}x ({where})" for where in ("search", "confirmation") if checks.get(where)]
+    if not read:
+        return []
+    lines = [f"- timing self-check, FP32 against itself: {', '.join(read)}"]
+    if summary.get("timing_note"):
+        lines.append(f"- note: {summary['timing_note']}")
+    return lines
 
 
 def _reference_lines(data: RunData, winner: TrialResult | None) -> list[str]:

@@ -105,7 +105,9 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
         },
         "metric": {"name": "top1"},
         "measure": {"warmup": 1, "repeats": 3, "rounds": 1},
-        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1},
+        # A model timed in microseconds reads FP32 against itself anywhere in 0.5-1.5x in one round: the timing
+        # self-check is tested on its own (tests/harness/test_selfcheck.py), not in every tiny run.
+        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
         "accuracy_budget": 0.02,
         "budget": {"builds": 10},
         "runs_dir": str(root / "runs"),
@@ -115,6 +117,8 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
     # A tiny model builds in a fraction of a second: keep the agent's rehearsals and updates as short as its builds
     # (with PPO's default 10 epochs, gradient steps took 42 of a 10-build run's 57 s).
     data["ppo"] = {"imagined_episodes": 16, "n_epochs": 2, **overrides.pop("ppo", {})}
+    if "confirm" in overrides:
+        overrides["confirm"] = {"self_check": False, **overrides["confirm"]}
     data.update(overrides)
     return parse_config(data, "tiny_config")
 
@@ -240,7 +244,9 @@ def tiny_torch_config(root: Path, name: str = "tiny-torch", device: str = "cpu",
         "data": {split: {"npz": str(root / f"{split}.npz")} for split in ("calibration", "evaluation", "holdout")},
         "metric": {"name": "top1"},
         "measure": {"warmup": 1, "repeats": 3, "rounds": 1},
-        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1},
+        # A model timed in microseconds reads FP32 against itself anywhere in 0.5-1.5x in one round: the timing
+        # self-check is tested on its own (tests/harness/test_selfcheck.py), not in every tiny run.
+        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
         "accuracy_budget": 0.02,
         "budget": {"builds": 6},
         "runs_dir": str(root / "runs"),

@@ -19,6 +19,14 @@ from autotune.harness.memory import (
     prior_inputs,
     store_prior_inputs,
 )
+from autotune.harness.selfcheck import (
+    check_confirmation_timing,
+    check_search_timing,
+    confirmation_noise,
+    confirmation_rounds,
+    summary_fields,
+    with_measured_noise,
+)
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, Plan
 from autotune.rundir import RunDir
@@ -31,12 +39,12 @@ from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
 
-def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan]) -> list[TrialResult]:
+def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: int | None = None) -> list[TrialResult]:
     """Confirms each plan once per run (a resumed run reuses earlier confirmations); the new ones side by side."""
     done = {**store.confirmations(), **{r.plan_hash: r for r in store.references().values()}}
     fresh = [plan for plan in plans if plan.hash not in done]
     if fresh:
-        done.update((result.plan_hash, result) for result in evaluator.confirm_side_by_side(fresh))
+        done.update((result.plan_hash, result) for result in evaluator.confirm_side_by_side(fresh, rounds))
     return [done[plan.hash] for plan in plans]
 
 
@@ -77,6 +85,7 @@ def confirm_finalists(
     fp32: Plan,
     one_liners: Sequence[Plan] = (),
     runtime_shares: Mapping[str, float] | None = None,
+    rounds: int | None = None,
 ) -> list[TrialResult]:
     """Confirms the ``confirm.top_k`` best bets, FP32 and the backend's one-liners side by side, in the same rounds.
 
@@ -91,11 +100,12 @@ def confirm_finalists(
     order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares)
     top_k = config.confirm.top_k
     finalists = [*order[:top_k], fp32]
-    confirmed = confirm(evaluator, store, [*finalists, *one_liners])[: len(finalists)]
+    confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
+    confirmed = check_confirmation_timing(evaluator, store, config, confirmed, fp32, list(one_liners), rounds)
     for plan in order[top_k : 2 * top_k]:
         if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break
-        confirmed += confirm(evaluator, store, [plan])
+        confirmed += confirm(evaluator, store, [plan], rounds)
     return confirmed
 
 
@@ -150,7 +160,7 @@ def export_ranked(
     Raises:
         ConfigError: No confirmed plan has that rank.
     """
-    confirmed = ranking(list(store.confirmations().values()), config.accuracy_budget)
+    confirmed = ranking(list(store.confirmations().values()), config.accuracy_budget, confirmation_noise(store))
     within = [r for r in confirmed if meets_budget(r, config.accuracy_budget)]
     if not 1 <= rank <= len(within):
         raise ConfigError(f"rank {rank} does not exist: {len(within)} confirmed plans meet the accuracy budget")
@@ -174,6 +184,7 @@ def export_ranked(
         "cache_hits": int(store.get_meta("cache_hits", 0)),
         "wall_s": float(store.get_meta("wall_s", 0.0)),
         "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
+        **summary_fields(store),
     }
     write_json(out_dir / "summary.json", summary)
     return summary
@@ -429,19 +440,22 @@ def tune(
                         store.set_meta("cache_hits", hits)
                         yield result
 
+                fp32 = space.uniform("fp32")
+                search_check = check_search_timing(evaluator, store, fp32)
+                searched = with_measured_noise(config, search_check)
                 try:
                     search_with_seeds(
-                        config, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
+                        searched, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
                     )
                 except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
                     store.set_meta("wall_s", wall_before + time.time() - started)
                     raise
                 store.set_meta("wall_s", wall_before + time.time() - started)
-                fp32 = space.uniform("fp32")
                 store.set_meta("fp32_plan_hash", fp32.hash)
                 shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
                 one_liners = one_liner_plans(evaluator, space.layer_names)
-                confirm_finalists(evaluator, store, config, fp32, one_liners, shares)
+                rounds = confirmation_rounds(config, search_check)
+                confirm_finalists(evaluator, store, config, fp32, one_liners, shares, rounds)
                 # Ranked over every confirmation in the store: an earlier run's (imported with --from, or
                 # confirmed before a resume) can outrank this run's finalists.
                 summary = export_ranked(run, config, evaluator, store)

@@ -11,7 +11,9 @@ allowed fall is the measured run-to-run noise of the stored benchmark, never les
 the protocol:
 
 - the spread of that strategy's runs (half the range of their speedups, relative to the median), and
-- the FP32 plan re-measured against itself (``|1 - speedup|``): what one measurement may be off by.
+- the FP32 plan re-measured against itself, in the stored benchmark and in the new one
+  (``autotune.measure.SelfCheck.noise``: its distance from 1 and half the spread of its rounds): what one
+  measurement may be off by. A fall inside it is a tie, not a regression.
 
 A strategy whose runs all missed the budget, or that failed where the stored one succeeded, is a regression too.
 Exit code 1 names every regressed strategy and figure; 0 prints the comparison.
@@ -25,6 +27,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from autotune.measure import SelfCheck
+
 MIN_NOISE = 0.02
 """A floor for the allowed fall: a benchmark of one seed per strategy still measures with some noise."""
 
@@ -33,12 +37,19 @@ def _within(rows: list[dict], strategy: str) -> list[float]:
     return [r["speedup"] for r in rows if r["strategy"] == strategy and r.get("within_budget") and r["speedup"]]
 
 
-def noise(stored: list[dict], strategy: str) -> float:
-    """The relative fall of ``strategy``'s median speedup that the stored benchmark's own noise explains."""
-    floor = MIN_NOISE
-    fp32 = [r["speedup"] for r in stored if r["strategy"] == "fp32" and r["speedup"]]
-    if fp32:
-        floor = max(floor, max(abs(1.0 - s) for s in fp32))
+def self_check_noise(rows: list[dict]) -> float:
+    """The largest noise of a benchmark's FP32 rows timed against FP32 (0 without one)."""
+    checks = [
+        SelfCheck.of(r["speedup"], r.get("round_speedups") or [])
+        for r in rows
+        if r["strategy"] == "fp32" and r["speedup"]
+    ]
+    return max((check.noise for check in checks), default=0.0)
+
+
+def noise(stored: list[dict], strategy: str, current: list[dict] | None = None) -> float:
+    """The relative fall of ``strategy``'s median speedup that the benchmarks' own noise explains."""
+    floor = max(MIN_NOISE, self_check_noise(stored), self_check_noise(current or []))
     speedups = _within(stored, strategy)
     if len(speedups) >= 2:
         floor = max(floor, (max(speedups) - min(speedups)) / 2 / statistics.median(speedups))
@@ -61,7 +72,7 @@ def regressions(current: list[dict], stored: list[dict]) -> list[str]:
             old = statistics.median(before)
             found.append(f"{strategy}: no run within the accuracy budget (stored median {old:.2f}x)")
             continue
-        allowed = noise(stored, strategy)
+        allowed = noise(stored, strategy, current)
         old, new = statistics.median(before), statistics.median(now)
         if new < old * (1.0 - allowed):
             found.append(
@@ -85,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     found = regressions(current, stored)
     for strategy in dict.fromkeys(r["strategy"] for r in stored):
         now, before = (_median(_within(rows, strategy)) for rows in (current, stored))
-        print(f"{strategy:>10}: now {now:>6}  stored {before:>6}  noise {100 * noise(stored, strategy):.1f} %")
+        print(f"{strategy:>10}: now {now:>6}  stored {before:>6}  noise {100 * noise(stored, strategy, current):.1f} %")
     if found:
         print("regressions:\n" + "\n".join(f"  {line}" for line in found), file=sys.stderr)
         return 1

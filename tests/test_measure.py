@@ -198,3 +198,25 @@ def test_two_plans_timed_side_by_side_compare_round_by_round():
     assert compare_rounds([2.0, 2.0], [2.0, 2.0]) == (1.0, 0)  # a tie is not faster
     assert compare_rounds([2.0], [2.0, 2.0]) is None  # not the same rounds
     assert compare_rounds([], []) is None
+
+
+def test_self_check_reads_its_noise_and_band_from_the_rounds():
+    from autotune.measure import SelfCheck
+
+    true = SelfCheck.of(1.01, [0.99, 1.01, 1.02])
+    assert true.within_band and true.rounds == 3
+    assert true.noise == pytest.approx(0.015)  # half the rounds' spread exceeds the distance from 1
+    shared = SelfCheck.of(0.69, [0.69, 2.07])  # FP32 against itself with another session spinning on the cores
+    assert not shared.within_band
+    assert shared.noise == pytest.approx(0.69)
+    assert SelfCheck.of(1.05, []).noise == pytest.approx(0.05)  # one figure: its distance from 1
+    assert SelfCheck.from_dict(true.to_dict()) == true
+    assert "outside [0.97, 1.03]" in shared.describe() and "within" in true.describe()
+
+
+def test_speedups_closer_than_the_noise_tie_with_the_fastest():
+    from autotune.measure import ties_within
+
+    assert ties_within([1.50, 1.49, 1.40, 1.51], 0.02) == [0, 1, 3]
+    assert ties_within([1.50, 1.49, 1.40, 1.51], 0.0) == [3]
+    assert ties_within([], 0.1) == []

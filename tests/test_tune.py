@@ -414,3 +414,21 @@ def test_finalists_are_ranked_by_the_profile_where_the_run_has_one(tmp_path):
     assert without[0] == plans["b"]
     assert with_profile[0] == plans["ab"] and plans[""] not in with_profile
     assert expected[plans["b"].hash] < expected[plans["a"].hash]
+
+
+def test_a_run_times_fp32_against_itself_before_the_search_and_in_the_confirmation(tmp_path):
+    from autotune.report import report
+
+    confirm = {"top_k": 1, "repeats": 3, "rounds": 2, "self_check": True}
+    config = tiny_config(tmp_path, budget={"builds": 2}, confirm=confirm)
+    summary = tune(config, strategy="random", isolate=False, progress=False)
+    checks = summary["self_check"]
+    assert checks["search"]["rounds"] == config.measure.rounds
+    assert checks["confirmation"]["rounds"] in (2, 4)  # 4: confirmed again after a reading outside the band
+    assert checks["confirmation"]["ratio"] == pytest.approx(summary["fp32_reference"]["speedup"])
+    assert checks["band"] == [0.97, 1.03]
+    assert summary["builds"] == 2  # the check is no build of the search
+    within = checks["search"]["within_band"] and checks["confirmation"]["within_band"]
+    assert (summary["timing_note"] is None) == within
+    text = report([config.run_dir], profile=False)["report"].read_text()
+    assert f"FP32 against itself: {checks['search']['ratio']:.3f}x (search)" in text

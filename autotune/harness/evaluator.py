@@ -169,16 +169,20 @@ class Evaluator:
         """Re-measures a finalist on held-out data with the longer confirmation protocol, and stores it."""
         return self.confirm_side_by_side([plan])[0]
 
-    def confirm_side_by_side(self, plans: Sequence[Plan]) -> list[TrialResult]:
+    def confirm_side_by_side(self, plans: Sequence[Plan], rounds: int | None = None) -> list[TrialResult]:
         """Re-measures finalists on held-out data with the confirmation protocol, all in the same rounds; stores them.
 
         Confirmed one after another, the same MiniLM plan moved by up to 20 % between passes minutes apart, more
         than finalists differ; in the same rounds, machine drift falls on all of them alike. A reference plan (one
         of the backend's one-liners) is measured among them and stored apart from the finalists
         (``TrialStore.put_reference``): never a build of the search, never a candidate for export.
+
+        Args:
+            plans: The plans to confirm.
+            rounds: Rounds instead of ``confirm.rounds`` (more where the run's timing self-check read noise).
         """
         confirm = self.config.confirm
-        protocol = Protocol(warmup=self.config.measure.warmup, repeats=confirm.repeats, rounds=confirm.rounds)
+        protocol = Protocol(warmup=self.config.measure.warmup, repeats=confirm.repeats, rounds=rounds or confirm.rounds)
         results = self.measure_side_by_side(plans, "holdout", protocol)
         for plan, result in zip(plans, results, strict=True):
             if plan.reference is not None:

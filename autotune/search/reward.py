@@ -35,7 +35,21 @@ def reward_of(speedup: float, accuracy_drop: float, config: RewardConfig, accura
     excess = max(0.0, accuracy_drop - accuracy_budget)
     if config.penalty_units == "budget" and accuracy_budget > 0:
         excess /= accuracy_budget
-    return math.log(speedup) - config.accuracy_penalty * excess
+    return latency_gain(speedup, config.tie_within) - config.accuracy_penalty * excess
+
+
+def latency_gain(speedup: float, tie_within: float | None) -> float:
+    """``log(speedup)``, snapped to steps of ``log(1 + tie_within)`` when a timing noise is given.
+
+    Snapped, two plans whose speedups differ by less than the run's measured noise (its FP32 self-check) mostly
+    earn the same gain: the agent is not taught an order the protocol cannot measure, and greedy keeps a knob's
+    earlier value unless another is measurably faster.
+    """
+    gain = math.log(speedup)
+    if not tie_within:
+        return gain
+    step = math.log1p(tie_within)
+    return round(gain / step) * step
 
 
 def meets_budget(result: TrialResult, accuracy_budget: float) -> bool:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from autotune.config import TuneConfig
+from autotune.measure import ties_within
 from autotune.search.estimate import ACCURACY_KNOBS, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.reward import meets_budget, reward
@@ -169,9 +170,18 @@ def confirmation_order(
     return order + rest
 
 
-def ranking(confirmed: list[TrialResult], accuracy_budget: float) -> list[TrialResult]:
-    """Confirmed plans, best first: within budget by speedup, then the rest by drop."""
+def ranking(confirmed: list[TrialResult], accuracy_budget: float, noise: float = 0.0) -> list[TrialResult]:
+    """Confirmed plans, best first: within budget by speedup, then the rest by drop.
+
+    Plans whose speedups differ by less than the protocol's measured ``noise`` (the FP32 self-check of the same
+    confirmation, ``autotune.measure.SelfCheck.noise``) are a tie: of those, the one with the smallest accuracy
+    drop comes first, since the measurement cannot say which is faster.
+    """
     within = sorted((r for r in confirmed if meets_budget(r, accuracy_budget)), key=lambda r: -(r.speedup or 0))
+    tied = [within[index] for index in ties_within([r.speedup or 0.0 for r in within], noise)]
+    if tied:
+        first = min(tied, key=lambda r: (r.accuracy_drop, -(r.speedup or 0.0)))
+        within = [first, *(r for r in within if r is not first)]
     others = sorted(
         (r for r in confirmed if not meets_budget(r, accuracy_budget)),
         key=lambda r: (not r.ok, r.accuracy_drop if r.accuracy_drop is not None else float("inf")),

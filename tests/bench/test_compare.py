@@ -64,3 +64,17 @@ def test_the_command_exits_1_on_a_regression(tmp_path, factor, code):
     )
     assert done.returncode == code, done.stdout + done.stderr
     assert ("optuna: median speedup" in done.stderr) == (code == 1)
+
+
+def test_a_fall_inside_the_new_benchmark_s_own_fp32_noise_is_a_tie():
+    stored = [
+        {"strategy": "fp32", "speedup": 1.0, "round_speedups": [1.0, 1.0], "within_budget": True},
+        {"strategy": "greedy", "speedup": 1.50, "round_speedups": [], "within_budget": True},
+    ]
+    fell = copy.deepcopy(stored)
+    fell[1]["speedup"] = 1.40  # 6.7 % below: beyond the stored noise (the 2 % floor)
+    assert regressions(fell, stored)
+    noisy = copy.deepcopy(fell)
+    noisy[0].update(speedup=1.0, round_speedups=[0.9, 1.1])  # this machine's FP32 reads +-10 % of itself
+    assert noise(stored, "greedy", noisy) == pytest.approx(0.1)
+    assert regressions(noisy, stored) == []

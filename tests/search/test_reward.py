@@ -75,3 +75,15 @@ def test_meets_budget():
     assert meets_budget(_ok(0.5, -0.1), 0.0)
     assert not meets_budget(_ok(2.0, None), 0.01)
     assert not meets_budget(TrialResult.failure(PLAN, "x", accuracy_drop=0.0), 0.01)
+
+
+def test_speedups_within_the_tie_noise_earn_the_same_gain():
+    from autotune.search.reward import latency_gain
+
+    tied = RewardConfig(tie_within=0.05)
+    assert reward(_ok(1.50, 0.0), tied, 0.01) == reward(_ok(1.51, 0.0), tied, 0.01)
+    assert reward(_ok(1.50, 0.0), tied, 0.01) < reward(_ok(1.70, 0.0), tied, 0.01)
+    assert latency_gain(1.0, 0.05) == 0.0 and latency_gain(1.01, 0.05) == 0.0
+    assert latency_gain(1.5, None) == pytest.approx(math.log(1.5))
+    assert latency_gain(1.5, 0.0) == pytest.approx(math.log(1.5))
+    assert abs(latency_gain(1.5, 0.05) - math.log(1.5)) <= math.log1p(0.05) / 2 + 1e-12

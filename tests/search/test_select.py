@@ -144,3 +144,23 @@ def test_the_profile_model_needs_a_successful_trial():
     assert (
         profile_speedups([TrialResult.failure(Plan.make(dict.fromkeys(SHARES, "int8")), "x")], {}, SHARES, []) is None
     )
+
+
+def test_ranking_gives_a_tie_within_the_measured_noise_to_the_more_accurate_plan():
+    from autotune.search.select import ranking
+
+    fast, close, slow, over = (
+        _result("a", 1.52, 0.008),
+        _result("b", 1.50, 0.002),
+        _result("c", 1.30, 0.0),
+        _result("d", 2.0, 0.05),
+    )
+    assert [r.plan.precisions[0][0] for r in ranking([fast, close, slow, over], 0.01)] == ["a", "b", "c", "d"]
+    # 1.52 and 1.50 differ by 1.3 %, inside a 2 % noise: the measurement cannot order them, the drop can
+    assert [r.plan.precisions[0][0] for r in ranking([fast, close, slow, over], 0.01, noise=0.02)] == [
+        "b",
+        "a",
+        "c",
+        "d",
+    ]
+    assert [r.plan.precisions[0][0] for r in ranking([fast, slow], 0.01, noise=0.02)] == ["a", "c"]

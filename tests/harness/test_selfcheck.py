@@ -1,0 +1,129 @@
+"""Tests for autotune.harness.selfcheck: the run's FP32-against-FP32 checks, with a scripted evaluator."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.harness.selfcheck import (
+    WIDENING,
+    check_confirmation_timing,
+    check_search_timing,
+    confirmation_noise,
+    confirmation_rounds,
+    stored_checks,
+    summary_fields,
+    with_measured_noise,
+)
+from autotune.plan import Plan
+from autotune.store import TrialStore
+from autotune.testing import tiny_config
+from autotune.trial import TrialResult
+
+FP32 = Plan.make({"fc1": "fp32", "fc2": "fp32"})
+INT8 = Plan.make({"fc1": "int8", "fc2": "fp32"})
+
+
+def _result(plan: Plan, rounds: list[float], drop: float = 0.0) -> TrialResult:
+    ordered = sorted(rounds)
+    return TrialResult(plan=plan, speedup=ordered[len(ordered) // 2], round_speedups=rounds, accuracy_drop=drop)
+
+
+class ScriptedEvaluator:
+    """Answers ``measure`` and ``confirm_side_by_side`` with scripted per-round speedups, and logs the calls."""
+
+    def __init__(self, config, fp32_rounds: list[list[float]]):
+        self.config = config
+        self.fp32_rounds = list(fp32_rounds)
+        self.calls: list[tuple[str, int | None]] = []
+
+    def measure(self, plan, split="evaluation", protocol=None):
+        self.calls.append(("measure", None))
+        return _result(plan, self.fp32_rounds.pop(0))
+
+    def confirm_side_by_side(self, plans, rounds=None):
+        self.calls.append(("confirm", rounds))
+        fp32 = self.fp32_rounds.pop(0)
+        return [_result(p, fp32) if p == FP32 else _result(p, [1.5] * len(fp32), 0.001) for p in plans]
+
+
+@pytest.fixture()
+def config(tmp_path):
+    return tiny_config(tmp_path, confirm={"top_k": 2, "repeats": 3, "rounds": 4, "self_check": True})
+
+
+def test_a_true_search_check_is_stored_once_and_sets_the_reward_s_tie_noise(tmp_path, config, capsys):
+    evaluator = ScriptedEvaluator(config, [[0.99, 1.01]])
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        check = check_search_timing(evaluator, store, FP32)
+        assert check.within_band and check.noise == pytest.approx(0.01)
+        assert check_search_timing(evaluator, store, FP32) == check  # a resumed run reuses it
+        assert evaluator.calls == [("measure", None)]
+        assert stored_checks(store)["search"]["ratio"] == pytest.approx(check.ratio)
+    assert confirmation_rounds(config, check) is None
+    assert with_measured_noise(config, check).reward.tie_within == pytest.approx(0.01)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_search_check_outside_the_band_says_so_in_one_line_and_widens_the_confirmation(tmp_path, config, capsys):
+    evaluator = ScriptedEvaluator(config, [[0.69, 0.72]])
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        check = check_search_timing(evaluator, store, FP32)
+    assert not check.within_band
+    assert confirmation_rounds(config, check) == WIDENING * 4
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "outside [0.97, 1.03]" in lines[0] and f"{WIDENING * 4} rounds" in lines[0]
+
+
+def test_a_tie_noise_the_user_set_is_kept(tmp_path):
+    config = tiny_config(tmp_path, reward={"tie_within": 0.0})
+    check = check_search_timing(ScriptedEvaluator(config, [[0.9, 1.1]]), TrialStore(tmp_path / "t.sqlite"), FP32)
+    assert with_measured_noise(config, check).reward.tie_within == 0.0
+
+
+def test_no_check_when_the_config_turns_it_off(tmp_path):
+    config = tiny_config(tmp_path)  # the tiny runs keep it off
+    evaluator = ScriptedEvaluator(config, [])
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        assert check_search_timing(evaluator, store, FP32) is None
+        confirmed = [_result(FP32, [0.5])]
+        assert check_confirmation_timing(evaluator, store, config, confirmed, FP32, [], None) == confirmed
+        assert stored_checks(store) == {}
+    assert evaluator.calls == []
+
+
+def test_a_confirmation_whose_fp32_row_leaves_the_band_is_confirmed_again_in_wider_rounds(tmp_path, config, capsys):
+    evaluator = ScriptedEvaluator(config, [[1.0] * 8])  # the second confirmation reads true
+    reference = Plan.reference_plan(["fc1", "fc2"], "ort-static")
+    first = [_result(INT8, [1.2] * 4), _result(FP32, [0.9, 0.93, 1.2, 1.25])]
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        again = check_confirmation_timing(evaluator, store, config, first, FP32, [reference], None)
+        assert evaluator.calls == [("confirm", WIDENING * 4)]
+        assert [r.plan for r in again] == [INT8, FP32]  # the one-liner's row is not a finalist's
+        checks = stored_checks(store)
+        assert checks["confirmation"]["within_band"] and checks["widened_rounds"] == WIDENING * 4
+        assert confirmation_noise(store) == pytest.approx(0.0)
+        # a resumed run does not check (or confirm) again
+        assert check_confirmation_timing(evaluator, store, config, again, FP32, [reference], None) == again
+        assert len(evaluator.calls) == 1
+    assert "confirmed again in 8 rounds" in capsys.readouterr().err
+
+
+def test_a_confirmation_already_widened_is_not_repeated_and_its_noise_is_kept_for_the_ranking(tmp_path, config):
+    evaluator = ScriptedEvaluator(config, [])
+    confirmed = [_result(INT8, [1.2] * 8), _result(FP32, [0.9, 0.92, 0.95, 1.1])]
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        kept = check_confirmation_timing(evaluator, store, config, confirmed, FP32, [], WIDENING * 4)
+        assert kept == confirmed and evaluator.calls == []
+        assert confirmation_noise(store) == pytest.approx(0.1)
+        fields = summary_fields(store)
+    assert fields["self_check"]["confirmation"]["rounds"] == 4 and fields["self_check"]["band"] == [0.97, 1.03]
+    assert "outside [0.97, 1.03]" in fields["timing_note"]
+
+
+def test_the_summary_has_no_note_when_every_check_was_true(tmp_path, config):
+    evaluator = ScriptedEvaluator(config, [[1.0, 1.01]])
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        check_search_timing(evaluator, store, FP32)
+        check_confirmation_timing(evaluator, store, config, [_result(FP32, [1.0, 1.0])], FP32, [], None)
+        fields = summary_fields(store)
+    assert fields["timing_note"] is None and set(fields["self_check"]) >= {"search", "confirmation"}
