@@ -216,7 +216,7 @@ class Rejection:
 _FROM_INPUT = "weight from a graph input"
 _FROM_NODE = "weight computed by a node, not a constant"
 _DTYPE = "weight of an unsupported dtype"
-_ACTIVATIONS = "no constant input (a MatMul of two activations)"
+_ACTIVATIONS = "both inputs are activations"
 _WEIGHT_FIRST = "a Gemm with the weight first (W @ x)"
 _FIXES = {
     _FROM_INPUT: "store the weights in the model (initializers or Constant nodes), not as graph inputs",
@@ -246,11 +246,7 @@ def weight_slot(node: onnx.NodeProto, index: GraphIndex, include_activation_matm
     if weight_index is None and node.op_type == "MatMul":
         if include_activation_matmuls:
             return None
-        producer = index.producer.get(data_inputs[-1])
-        kind = "graph input" if producer is None else index.graph.node[producer].op_type
-        return Rejection(
-            _ACTIVATIONS, kind, "both inputs are activations (model.include_activation_matmuls tunes these)"
-        )
+        return Rejection(_ACTIVATIONS, "", "both inputs are activations (model.include_activation_matmuls tunes these)")
     if weight_index is None or (node.op_type in CONV_OP_TYPES and weight_index != 1):
         return _not_constant(data_inputs[1] if len(data_inputs) > 1 else "", index)
     if node.op_type == "Gemm" and weight_index == 0:
