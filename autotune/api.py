@@ -91,7 +91,8 @@ def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
     """One row per tunable layer: features plus the precisions the search may give it.
 
     ``nodes`` are the nodes one decision covers (a zero Pad before the op, the op, a Relu/Clip folded after it) and
-    ``unit`` their op types, e.g. ``Pad+Conv+Clip``.
+    ``unit`` their op types, e.g. ``Pad+Conv+Clip``. ``weight_source`` says where the weight came from:
+    ``initializer``, or the chain intake folded into one (``Constant``, ``Constant+Transpose``); None without one.
     """
     op_types = {node.name: node.op_type for node in model.proto.graph.node}
     return [
@@ -106,6 +107,8 @@ def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
             "input_shapes": [list(s) for s in layer.input_shapes],
             "output_shape": list(layer.output_shape),
             "depth": layer.depth,
+            "weight": layer.weight,
+            "weight_source": layer.weight_source,
             "runtime_share": layer.runtime_share,
             "choices": list(choices),
         }

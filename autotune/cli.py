@@ -53,12 +53,15 @@ def _inspect(args: argparse.Namespace) -> int:
         f"{model.path}: {len(rows)} tunable layers, {len(space.searchable)} searched; knobs: "
         + ", ".join(f"{k.name}={list(k.values)}" for k in space.knobs)
     )
-    print(f"{'#':>3} {'layer':<20} {'MMACs':>9} {'params':>9} {'depth':>5} {'FP32 %':>7}  {'choices':<12} name")
+    print(
+        f"{'#':>3} {'layer':<20} {'MMACs':>9} {'params':>9} {'depth':>5} {'FP32 %':>7}  {'choices':<12} "
+        f"{'weight from':<22} name"
+    )
     for row in rows:
         share = f"{100 * row['runtime_share']:.1f}" if row["runtime_share"] is not None else "-"
         print(
             f"{row['index']:>3} {row['unit']:<20} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
-            f"{share:>7}  {'/'.join(row['choices']):<12} {row['name']}"
+            f"{share:>7}  {'/'.join(row['choices']):<12} {row['weight_source'] or '-':<22} {row['name']}"
         )
     left = api.float_ops(model, config)
     if left:

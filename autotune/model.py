@@ -7,7 +7,7 @@ import hashlib
 import importlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,8 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from autotune.extras import MissingExtra
+from autotune.intake import INITIALIZER, Rejection, fold_weight_constants, no_layer_message, weight_slot
 from autotune.optypes import (
-    CONV_OP_TYPES,
     FOLDED_ACTIVATIONS,
     INT8_OUTPUT_OP_TYPES,
     WEIGHTED_OP_TYPES,
@@ -66,6 +66,8 @@ class Layer:
         depth: Longest path from a graph input, in nodes.
         runtime_share: This layer's share of FP32 runtime, where the backend could profile it.
         nodes: Every node the layer's choice covers, in graph order; empty for the op alone.
+        weight_source: Where the weight came from: ``initializer`` when the file had it so, else the chain intake
+            folded into one (``autotune.intake``), e.g. ``Constant`` or ``Constant+Transpose``; None without a weight.
     """
 
     name: str
@@ -83,6 +85,7 @@ class Layer:
     depth: int
     runtime_share: float | None = None
     nodes: tuple[str, ...] = ()
+    weight_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -398,25 +401,6 @@ def _macs(op_type: str, weight_shape: tuple[int, ...], out_shape: tuple[int, ...
     return 0
 
 
-def _weight_index(
-    node: onnx.NodeProto, initializers: dict, constants: dict, include_activation_matmuls: bool
-) -> int | str | None:
-    """The input slot of a weighted op's weight (None: activation x activation MatMul), or why it is no layer."""
-    data_inputs = list(node.input[:2])
-    weight_index = next((i for i, name in enumerate(data_inputs) if name in initializers), None)
-    if weight_index is None and any(name in constants for name in data_inputs):
-        return "its weight is a Constant node: fold constants first"
-    if weight_index is None and not (node.op_type == "MatMul" and include_activation_matmuls):
-        if node.op_type == "MatMul":
-            return "both inputs are activations (model.include_activation_matmuls tunes these)"
-        return "its weight is not a constant initializer"
-    if node.op_type in CONV_OP_TYPES and weight_index != 1:
-        return "its weight is not a constant initializer"
-    if node.op_type == "Gemm" and weight_index == 0:
-        return "a Gemm with the weight first (W @ x) stays FP32"
-    return weight_index
-
-
 def _weightless_reason(node: onnx.NodeProto, index: GraphIndex, int8_tensors: set[str]) -> str | None:
     """Why a weightless op cannot be an INT8 layer (an input that is not an INT8 layer's output), or None.
 
@@ -452,7 +436,10 @@ def _float_reason(node: onnx.NodeProto, position: int, index: GraphIndex, int8_t
 
 
 def build_layer_table(
-    model: onnx.ModelProto, include_activation_matmuls: bool = False, float_ops: dict[str, str] | None = None
+    model: onnx.ModelProto,
+    include_activation_matmuls: bool = False,
+    float_ops: dict[str, str] | None = None,
+    weight_sources: Mapping[str, str] | None = None,
 ) -> list[Layer]:
     """Finds the tunable layers of a shape-inferred model and computes their features.
 
@@ -466,6 +453,8 @@ def build_layer_table(
         include_activation_matmuls: Also list MatMuls whose both inputs are activations (QK^T, AV).
         float_ops: Filled with node name to why it stays FP32 (a tunable op type that is no layer, or an op
             without an INT8 kernel that reads an INT8 layer's output), when given.
+        weight_sources: The chains intake folded into initializers, by tensor (``autotune.intake``); any other
+            weight's source is ``initializer``.
 
     Returns:
         The layers in graph order.
@@ -473,7 +462,6 @@ def build_layer_table(
     graph = model.graph
     index = GraphIndex(graph)
     initializers = index.initializers
-    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
     shapes = _known_shapes(model)
     depths = _depths(graph)
     reasons: dict[str, str] = {}
@@ -482,13 +470,16 @@ def build_layer_table(
     layers: list[Layer] = []
     for position, node in enumerate(graph.node):
         if node.op_type in WEIGHTED_OP_TYPES:
-            weight_index = _weight_index(node, initializers, constants, include_activation_matmuls)
+            weight_index = weight_slot(node, index, include_activation_matmuls)
         elif node.op_type in WEIGHTLESS_OP_TYPES:
             weight_index = _weightless_reason(node, index, int8_tensors)
         else:
             reason = _float_reason(node, position, index, int8_tensors)
             if reason is not None:
                 reasons[node.name] = reason
+            continue
+        if isinstance(weight_index, Rejection):
+            reasons[node.name] = weight_index.detail
             continue
         if isinstance(weight_index, str):
             if weight_index:
@@ -536,6 +527,7 @@ def build_layer_table(
                 params=params,
                 depth=depths[node.name],
                 nodes=tuple(covered),
+                weight_source=(weight_sources or {}).get(weight, INITIALIZER) if weight else None,
             )
         )
     if float_ops is not None:
@@ -549,11 +541,13 @@ def prepare_model(
     configured_inputs: Sequence[InputSpec] | None,
     include_activation_matmuls: bool = False,
 ) -> LoadedModel:
-    """Names nodes, fixes input shapes, infers shapes and builds the layer table.
+    """Folds constant weights into initializers, names nodes, fixes input shapes, infers shapes, builds the layer table.
 
     Raises:
         ModelError: The model fails the checker, has unresolved inputs, or has no tunable layer.
     """
+    # Before the nodes are named: unnamed nodes are named by position, as in the same model written with initializers.
+    weight_sources = fold_weight_constants(model)
     name_nodes(model)
     inputs = resolve_inputs(model, configured_inputs, path)
     try:
@@ -566,12 +560,9 @@ def prepare_model(
         raise ModelError(f"{path} fails the ONNX checker: {error}") from error
     inferred = shape_inference.infer_shapes(model, data_prop=True)
     float_ops: dict[str, str] = {}
-    layers = build_layer_table(inferred, include_activation_matmuls, float_ops)
+    layers = build_layer_table(inferred, include_activation_matmuls, float_ops, weight_sources)
     if not layers:
-        raise ModelError(
-            f"{path} has no tunable layer (Conv, ConvTranspose, Gemm, or MatMul with a constant weight); "
-            f"there is nothing to tune"
-        )
+        raise ModelError(no_layer_message(inferred, path, include_activation_matmuls))
     return LoadedModel(
         proto=inferred,
         path=path,

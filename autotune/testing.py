@@ -60,6 +60,80 @@ def tiny_mlp(
     return model
 
 
+def constant_weight_twins(batch: int = 2, seed: int = 0) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """One small CNN written twice: with every weight and bias a ``Constant`` chain, and with initializers.
+
+    The first is how several non-PyTorch exporters write a model: no initializer at all. The Conv's weight is a
+    Constant's ``value`` and its bias ``value_floats``; the MatMul's weight a ``Transpose`` of a Constant; the
+    Gemm's weight an FP16 Constant ``Cast`` to float and ``Reshape``d by a Constant ``value_ints``. The Reshape of
+    the activations and the Add of the MatMul's bias read Constants too, as such exporters write them. The second
+    holds the same values (the Gemm's weight rounded to FP16 as the cast does) as initializers of the same names.
+
+    Returns:
+        ``(with_constants, with_initializers)``, input ``x`` of shape ``[batch, 3, 8, 8]``, output ``y``.
+    """
+    rng = np.random.default_rng(seed)
+    conv_w = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
+    conv_b = (rng.standard_normal(4) * 0.1).astype(np.float32)
+    fc_w = (rng.standard_normal((16, 256)) / 16).astype(np.float32)  # [out, in], as a Linear stores it
+    fc_b = (rng.standard_normal(16) * 0.1).astype(np.float32)
+    head_w = (rng.standard_normal((10, 16)) / 4).astype(np.float16)
+    head_b = np.zeros(10, np.float32)
+    flat_shape = np.array([batch, 256], np.int64)
+
+    def const(name: str, **value: Any) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], name=f"{name}.const", **value)
+
+    def tensor(array: np.ndarray, name: str) -> onnx.TensorProto:
+        return numpy_helper.from_array(array, name)
+
+    layers = [
+        helper.make_node("Conv", ["x", "conv.w", "conv.b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Reshape", ["r", "flat_shape"], ["flat"], name="flatten"),
+        helper.make_node("MatMul", ["flat", "fc.wt"], ["h"], name="fc"),
+        helper.make_node("Add", ["h", "fc.b"], ["hb"], name="fc_bias"),
+        helper.make_node("Gemm", ["hb", "head.w", "head.b"], ["y"], name="head", transB=1),
+    ]
+    constants = [
+        const("conv.w", value=tensor(conv_w, "conv.w")),
+        const("conv.b", value_floats=conv_b.tolist()),
+        const("flat_shape", value_ints=flat_shape.tolist()),
+        const("fc.w", value=tensor(fc_w, "fc.w")),
+        helper.make_node("Transpose", ["fc.w"], ["fc.wt"], name="fc.transpose", perm=[1, 0]),
+        const("fc.b", value=tensor(fc_b, "fc.b")),
+        const("head.w16", value=tensor(head_w.reshape(-1), "head.w16")),
+        helper.make_node("Cast", ["head.w16"], ["head.w32"], name="head.cast", to=TensorProto.FLOAT),
+        const("head.shape", value_ints=[10, 16]),
+        helper.make_node("Reshape", ["head.w32", "head.shape"], ["head.w"], name="head.reshape"),
+        const("head.b", value=tensor(head_b, "head.b")),
+    ]
+    initializers = [
+        tensor(conv_w, "conv.w"),
+        tensor(np.array(conv_b.tolist(), np.float32), "conv.b"),
+        tensor(flat_shape, "flat_shape"),
+        tensor(np.ascontiguousarray(fc_w.T), "fc.wt"),
+        tensor(fc_b, "fc.b"),
+        tensor(head_w.astype(np.float32), "head.w"),
+        tensor(head_b, "head.b"),
+    ]
+
+    def model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            nodes,
+            "twin",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+            inits,
+        )
+        built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        built.ir_version = 8
+        onnx.checker.check_model(built)
+        return built
+
+    return model([*constants, *layers], []), model(layers, initializers)
+
+
 def _forward(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 

@@ -180,3 +180,53 @@ def test_evaluate_measures_several_plans_side_by_side_in_one_process(config_file
     # every spec is checked before the first build
     assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "tflite"]) == 2
     assert "tflite" in capsys.readouterr().err
+
+
+def test_a_constant_weight_model_inspects_and_evaluates_as_its_initializer_twin(tmp_path, capsys):
+    """A model whose weights are all Constant nodes: the table and the all-INT8 result of its initializer twin."""
+    import onnx
+
+    from autotune.config import parse_config
+    from autotune.testing import constant_weight_twins
+
+    rows, texts, results = {}, {}, {}
+    for name, model in zip(("constants", "initializers"), constant_weight_twins(), strict=True):
+        onnx.save(model, str(tmp_path / f"{name}.onnx"))
+        config = parse_config(
+            {
+                "name": name,
+                "model": {"onnx": str(tmp_path / f"{name}.onnx")},
+                "data": {"calibration": {"random": 2}, "evaluation": {"random": 2}},
+                "metric": {"name": "cosine"},
+                "measure": {"warmup": 1, "repeats": 3, "rounds": 1},
+                "runs_dir": str(tmp_path / name / "runs"),
+                "cache_dir": str(tmp_path / name / "cache"),
+            },
+            name,
+        )
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(dump_config(config))
+        assert main(["inspect", str(path), "--json"]) == 0
+        rows[name] = json.loads(capsys.readouterr().out)
+        assert main(["inspect", str(path)]) == 0
+        texts[name] = capsys.readouterr().out
+        assert main(["evaluate", str(path), "--plan", "int8"]) == 0
+        results[name] = json.loads(capsys.readouterr().out)
+
+    def table(name: str) -> list[dict]:  # the FP32 shares are timings, which differ from run to run
+        return [{k: v for k, v in row.items() if k not in ("runtime_share", "weight_source")} for row in rows[name]]
+
+    assert [row["name"] for row in rows["constants"]] == ["conv", "fc", "head"]
+    assert table("constants") == table("initializers")
+    assert [row["weight_source"] for row in rows["constants"]] == [
+        "Constant",
+        "Constant+Transpose",
+        "Constant+Cast+Reshape",
+    ]
+    assert [row["weight_source"] for row in rows["initializers"]] == ["initializer"] * 3
+    assert "weight from" in texts["constants"] and " Constant+Transpose " in texts["constants"]
+    constants, initializers = results["constants"], results["initializers"]
+    assert constants["status"] == initializers["status"] == "ok"
+    assert constants["plan"] == initializers["plan"] and set(constants["plan"]["precisions"].values()) == {"int8"}
+    for key in ("accuracy", "reference_accuracy", "accuracy_drop"):
+        assert constants[key] == initializers[key], key

@@ -242,7 +242,7 @@ def test_no_tunable_layer():
     assert "relu_only.onnx" in str(info.value)
 
 
-def test_constant_node_weight_skipped():
+def test_a_constant_node_weight_is_folded_into_an_initializer():
     nodes = [
         helper.make_node("Constant", [], ["w"], name="const", value=_w("wv", (3, 4))),
         helper.make_node("MatMul", ["x", "w"], ["y"], name="mm_const"),
@@ -254,7 +254,10 @@ def test_constant_node_weight_skipped():
         [helper.make_tensor_value_info("z", F, [2, 5])],
         [_w("w2", (4, 5))],
     )
-    assert _prepare(model, None, include_activation_matmuls=True).layer_names == ["mm_init"]
+    loaded = _prepare(model, None)
+    assert loaded.layer_names == ["mm_const", "mm_init"]
+    assert [layer.weight_source for layer in loaded.layers] == ["Constant", "initializer"]
+    assert loaded.layers[0].weight == "w" and "const" not in [node.name for node in loaded.proto.graph.node]
 
 
 def test_unnamed_and_duplicate_nodes_get_unique_names():
