@@ -14,6 +14,7 @@ from autotune.harness import Evaluator
 from autotune.harness.memory import (
     KEY_META,
     check_comparable,
+    check_resumable,
     comparability_key,
     import_runs,
     prior_inputs,
@@ -410,12 +411,13 @@ def tune(
                 f"confirm.references: {unknown} not offered by the {config.backend.name} backend; "
                 f"it offers {list(offered)}"
             )
-    key = comparability_key(config, model) if resume_dir is None else {}
+    key = comparability_key(config, model)
     if resume_dir is None:
         check_comparable(config.from_runs, key)
         run = RunDir.create(config)
     with TrialStore(run.store) as store:
         if resume_dir is not None:
+            check_resumable(store, key, resume_dir)
             strategy = str(store.get_meta("strategy", strategy))
         else:
             store.set_meta("strategy", strategy)

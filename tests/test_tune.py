@@ -432,3 +432,22 @@ def test_a_run_times_fp32_against_itself_before_the_search_and_in_the_confirmati
     assert (summary["timing_note"] is None) == within
     text = report([config.run_dir], profile=False)["report"].read_text()
     assert f"FP32 against itself: {checks['search']['ratio']:.3f}x (search)" in text
+
+
+def test_resume_on_another_machine_is_refused_in_one_line_naming_what_differs(tmp_path):
+    from autotune.harness.memory import KEY_META
+
+    config = tiny_config(tmp_path, budget={"builds": 1})
+    tune(config, strategy="random", isolate=False, progress=False)
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        key = store.get_meta(KEY_META)
+        trials = len(store)
+        store.set_meta(KEY_META, {**key, "machine": {**key["machine"], "cpu": "Another CPU"}})
+    with pytest.raises(ConfigError) as refused:
+        tune(resume_dir=config.run_dir, isolate=False, progress=False)
+    message = str(refused.value)
+    assert "\n" not in message and "machine.cpu" in message and "'Another CPU' in the run" in message
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        assert len(store) == trials  # nothing measured on this machine went into the run
+        store.set_meta(KEY_META, key)
+    tune(resume_dir=config.run_dir, isolate=False, progress=False)  # where it ran, it resumes

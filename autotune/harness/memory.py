@@ -142,6 +142,40 @@ def check_comparable(run_dirs: Sequence[Path], key: dict[str, Any]) -> None:
             )
 
 
+def _what_differs(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """Each differing field of two keys, one level deep where both sides are dicts: ``machine.cpu: A here, B there``."""
+    lines = []
+    for field in key_differences(ours, theirs):
+        here, there = ours.get(field), theirs.get(field)
+        if isinstance(here, dict) and isinstance(there, dict):
+            lines += [
+                f"{field}.{sub}: {here.get(sub)!r} here, {there.get(sub)!r} in the run"
+                for sub in key_differences(here, there)
+            ]
+        else:
+            lines.append(f"{field} differs")
+    return lines
+
+
+def check_resumable(store: TrialStore, key: dict[str, Any], run_dir: Path) -> None:
+    """Checks that a run is resumed where its trials were measured: the same machine, software, model and data.
+
+    Resumed elsewhere, its new latencies would be ranked with the stored ones of another machine or runtime.
+
+    Raises:
+        ConfigError: The stored comparability key differs from this machine's (one line naming what differs).
+    """
+    theirs = store.get_meta(KEY_META)
+    if not isinstance(theirs, dict):
+        return  # a run from before comparability keys: nothing to check against
+    differ = _what_differs(key, theirs)
+    if differ:
+        raise ConfigError(
+            f"resume: {run_dir} was measured elsewhere ({'; '.join(differ)}), and its latencies cannot be ranked "
+            f"with this machine's: resume it where it ran, or start a new run here"
+        )
+
+
 def import_runs(store: TrialStore, run_dirs: Sequence[Path], key: dict[str, Any]) -> dict[str, int]:
     """Imports the trials, confirmations and one-liner results of earlier comparable runs into ``store``.
 
