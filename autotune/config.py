@@ -265,10 +265,14 @@ class CalibrationConfig(_Strict):
 class MeasureConfig(_Strict):
     """The latency protocol: the candidate and the FP32 reference alternate, rounds x repeats each."""
 
-    warmup: int = Field(3, ge=1)
+    warmup: int = Field(2, ge=1)
     """Untimed runs after every switch between sessions (the first run after a switch is 1.5x slower)."""
-    repeats: int = Field(10, ge=1)
-    rounds: int = Field(2, ge=1)
+    repeats: int = Field(5, ge=1)
+    rounds: int = Field(4, ge=1)
+    """Four short rounds rather than two long ones, at the same number of runs: the speedup is the median of the
+    rounds' ratios, and a spell of the machine that changes speed mid-round spoils one of four. On 2 cores of an
+    Intel Xeon, ten runs of ``autotune evaluate configs/cnn-cpu.yaml --plan fp32 --plan int8 --plan fp32`` read
+    FP32 at 0.87-1.37x of itself with 2 x 10 and at 0.98-1.03x with 4 x 5 (docs/benchmarks.md, "Timing")."""
 
 
 class RewardConfig(_Strict):

@@ -24,9 +24,9 @@ class Protocol:
         rounds: Alternations (reference, candidate) per measurement.
     """
 
-    warmup: int = 3
-    repeats: int = 10
-    rounds: int = 2
+    warmup: int = 2
+    repeats: int = 5
+    rounds: int = 4
 
     def to_dict(self) -> dict[str, int]:
         """A JSON-ready dict."""

@@ -109,7 +109,7 @@ def test_speedup_property():
 
 
 def test_protocol_to_dict_and_defaults():
-    assert Protocol().to_dict() == {"warmup": 3, "repeats": 10, "rounds": 2}
+    assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3}
 
 
