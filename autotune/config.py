@@ -317,6 +317,10 @@ class PPOConfig(_Strict):
     imagined_episodes: int = Field(128, ge=0)
     """Episodes rehearsed on the additive model of the trials so far after every real update (Dyna-style);
     they cost no build. 0: learn from real builds only."""
+    compute_share: float = Field(1.0, ge=0)
+    """The agent's own compute (rehearsals, planning, policy updates) may take at most this many times the wall
+    time its builds took so far: each rehearsal gets the episodes that fit (up to ``imagined_episodes``), so a model
+    that builds in a second tunes in minutes and one that builds in ten gets the full rehearsals. 0: no limit."""
     reward_shaping: bool = True
     """Pay each layer step the change in the reward its per-layer estimates predict (potential-based shaping:
     the episode's return is unchanged); False: one sparse reward at the end of the episode."""

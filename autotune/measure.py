@@ -194,26 +194,31 @@ class SelfCheck:
         low: The smallest per-round ratio.
         high: The largest per-round ratio.
         rounds: How many rounds it was timed in.
+        spread: Half the interquartile range of the per-round ratios.
     """
 
     ratio: float
     low: float
     high: float
     rounds: int
+    spread: float
 
     @classmethod
     def of(cls, speedup: float, round_speedups: Sequence[float]) -> SelfCheck:
         """The self-check of an FP32 plan's measurement against the FP32 reference."""
         rounds = list(round_speedups) or [speedup]
-        return cls(float(speedup), float(min(rounds)), float(max(rounds)), len(rounds))
+        q1, q3 = np.percentile(rounds, [25, 75])
+        return cls(float(speedup), float(min(rounds)), float(max(rounds)), len(rounds), float(q3 - q1) / 2)
 
     @property
     def noise(self) -> float:
         """The relative difference the protocol reads between equal plans: a larger one is a measured difference.
 
-        The larger of the self-ratio's distance from 1 and half the spread of its rounds.
+        The larger of the self-ratio's distance from 1 and half the interquartile range of its rounds: the
+        speedup is a median over rounds, so one round spoilt by a slow spell moves it little, and moves this
+        little too (the full range would make one such round the run's noise).
         """
-        return max(abs(1.0 - self.ratio), (self.high - self.low) / 2)
+        return max(abs(1.0 - self.ratio), self.spread)
 
     @property
     def within_band(self) -> bool:
@@ -237,7 +242,9 @@ class SelfCheck:
     @classmethod
     def from_dict(cls, data: dict) -> SelfCheck:
         """The inverse of ``to_dict``."""
-        return cls(float(data["ratio"]), float(data["low"]), float(data["high"]), int(data["rounds"]))
+        return cls(
+            float(data["ratio"]), float(data["low"]), float(data["high"]), int(data["rounds"]), float(data["spread"])
+        )
 
 
 def ties_within(speedups: Sequence[float], noise: float) -> list[int]:

@@ -190,7 +190,8 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
     }
     # A tiny model builds in a fraction of a second: keep the agent's rehearsals and updates as short as its builds
     # (with PPO's default 10 epochs, gradient steps took 42 of a 10-build run's 57 s).
-    data["ppo"] = {"imagined_episodes": 16, "n_epochs": 2, **overrides.pop("ppo", {})}
+    # No compute pacing: the agent's tests check what it does, which would then hang on how fast this machine is.
+    data["ppo"] = {"imagined_episodes": 16, "n_epochs": 2, "compute_share": 0, **overrides.pop("ppo", {})}
     if "confirm" in overrides:
         overrides["confirm"] = {"self_check": False, **overrides["confirm"]}
     data.update(overrides)

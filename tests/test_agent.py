@@ -265,3 +265,43 @@ def test_ctrl_c_during_a_checkpoint_save_waits_for_the_save_then_interrupts(tmp_
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # and Ctrl-C is back to normal
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_the_pace_gives_rehearsals_only_the_episodes_the_builds_time_pays_for():
+    from autotune.agent import ComputePace
+
+    now = [0.0]
+    pace = ComputePace(1.0, clock=lambda: now[0])
+
+    def build(plan):
+        now[0] += 2.0  # every build takes 2 s
+        return plan
+
+    evaluate = pace.evaluate(build)
+    assert pace.rehearsal_episodes(128, 8) == 8  # the first rehearsal: one rollout, to time an episode
+    evaluate("plan")
+    now[0] += 0.8  # a rehearsal of 8 episodes took 0.8 s: 0.1 s an episode
+    pace.rehearsed(8, 0.8)
+    assert pace.build_s == pytest.approx(2.0) and pace.agent_s == pytest.approx(0.8)
+    assert pace.rehearsal_episodes(128, 8) == 8  # 1.2 s left: 12 episodes fit, in whole rollouts of 8
+    now[0] += 1.2
+    assert pace.rehearsal_episodes(128, 8) == 0  # the agent has caught up with its builds
+    for _ in range(20):
+        evaluate("plan")
+    assert pace.rehearsal_episodes(128, 8) == 128  # builds of 40 s pay for the whole rehearsal
+    assert ComputePace(0.0, clock=lambda: now[0]).rehearsal_episodes(128, 8) == 128  # no limit
+
+
+def test_the_pace_counts_the_time_of_builds_side_by_side():
+    from autotune.agent import ComputePace
+
+    now = [0.0]
+    pace = ComputePace(1.0, clock=lambda: now[0])
+
+    def many(plans, limit):
+        for plan in plans:
+            now[0] += 1.5
+            yield plan
+
+    assert list(pace.evaluate_many(many)(["a", "b"], 2)) == ["a", "b"]
+    assert pace.build_s == pytest.approx(3.0) and pace.agent_s == pytest.approx(0.0)

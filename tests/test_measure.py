@@ -205,10 +205,12 @@ def test_self_check_reads_its_noise_and_band_from_the_rounds():
 
     true = SelfCheck.of(1.01, [0.99, 1.01, 1.02])
     assert true.within_band and true.rounds == 3
-    assert true.noise == pytest.approx(0.015)  # half the rounds' spread exceeds the distance from 1
+    assert true.noise == pytest.approx(0.01)  # its distance from 1 exceeds half the rounds' IQR (0.0075)
+    assert SelfCheck.of(1.0, [0.98, 0.99, 1.01, 1.02]).noise == pytest.approx(0.0125)  # the IQR's half exceeds it
+    assert SelfCheck.of(1.0, [0.99, 1.0, 1.0, 1.0, 1.01, 1.6]).noise == pytest.approx(0.00375)  # one spoilt round
     shared = SelfCheck.of(0.69, [0.69, 2.07])  # FP32 against itself with another session spinning on the cores
     assert not shared.within_band
-    assert shared.noise == pytest.approx(0.69)
+    assert shared.noise == pytest.approx(0.345)
     assert SelfCheck.of(1.05, []).noise == pytest.approx(0.05)  # one figure: its distance from 1
     assert SelfCheck.from_dict(true.to_dict()) == true
     assert "outside [0.97, 1.03]" in shared.describe() and "within" in true.describe()
