@@ -211,7 +211,9 @@ def replay(
     """
     agent = strategy.startswith("ppo")
     extra = ["ppo.priors=false"] if strategy == "ppo-noprior" else []
-    config = load_config(config_path, [f"seed={seed}", *overrides, *extra])
+    # A simulated build takes no time, so a paced agent would never rehearse: the replay runs the rehearsals that
+    # builds as slow as MiniLM's pay for in full (ppo.compute_share; an override still wins).
+    config = load_config(config_path, [f"seed={seed}", "ppo.compute_share=0", *overrides, *extra])
     built: list[TrialResult] = []
     use_prior = prior if agent and config.ppo.priors else None
     fitted = RefittedEstimates(
