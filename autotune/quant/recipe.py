@@ -12,6 +12,9 @@ class QuantRecipe:
     Attributes:
         activation_dtype: ``"uint8"`` (asymmetric, with a zero point) or ``"int8"`` (symmetric, zero point 0).
         weight_dtype: Always ``"int8"``, symmetric with zero point 0.
+        weight_max: Weights are quantized to ``[-weight_max, weight_max]``: 127 (8 bits), or 64 (7 bits, ORT's
+            ``reduce_range``) where the CPU's u8 x s8 kernels add pairs of products in int16 and saturate
+            (x86 without VNNI; ``autotune.backends.int8_kernels`` probes it).
         quantize_matmul_output: Put Q/DQ on MatMul/Gemm outputs too. ORT CPU is faster without
             (it fuses DQ-MatMul into MatMulIntegerToFloat; tests/backends/test_onnxruntime.py checks the fusion).
         quantize_conv_output: Put Q/DQ on the outputs of Conv layers and of weightless layers (Add, pooling, ...):
@@ -26,6 +29,7 @@ class QuantRecipe:
 
     activation_dtype: str = "uint8"
     weight_dtype: str = "int8"
+    weight_max: int = 127
     quantize_matmul_output: bool = False
     quantize_conv_output: bool = True
     fold_activation_into_output: bool = True
@@ -40,6 +44,10 @@ class QuantRecipe:
 
 ORT_X86 = QuantRecipe(activation_dtype="uint8")
 """uint8 activations and int8 per-channel weights: the only INT8 recipe that is fast on x86 ORT (VNNI)."""
+
+ORT_X86_7BIT_WEIGHTS = QuantRecipe(activation_dtype="uint8", weight_max=64)
+"""ORT_X86 with 7-bit weights (``reduce_range``): exact on x86 without VNNI, whose U8S8 kernels add pairs of
+u8 x s8 products in int16 (2 x 255 x 64 = 32,640 fits; 2 x 255 x 127 does not)."""
 
 TENSORRT = QuantRecipe(
     activation_dtype="int8",

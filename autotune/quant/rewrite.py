@@ -213,7 +213,7 @@ class _Rewriter(GraphEditor):
                 q, scales = quantize_weight_fp8(w, axis, per_channel, self.scale_type)
                 zeros: np.ndarray = np.zeros(scales.shape, dtype=ml_dtypes.float8_e4m3fn)
             else:
-                q, scales = quantize_weight(w, axis, per_channel, floor, self.scale_type)
+                q, scales = quantize_weight(w, axis, per_channel, floor, self.scale_type, self.recipe.weight_max)
                 zeros = np.zeros(scales.shape, dtype=np.int8)
             tag = "fp8" if fp8 else "int8"
             self.cache[key] = (
