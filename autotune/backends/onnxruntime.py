@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,11 +15,19 @@ import numpy as np
 import onnx
 
 from autotune.backends.base import BuildError, GraphArtifact, GraphBackend
+from autotune.backends.int8_kernels import (
+    SchemeVerdict,
+    choose_recipe,
+    isa_features,
+    reduced_range,
+    scheme_name,
+    scheme_verdicts,
+)
 from autotune.capabilities import Capabilities, Knob
 from autotune.files import write_json
 from autotune.optypes import TUNABLE_OP_TYPES
 from autotune.plan import KnobValue, Plan
-from autotune.quant.recipe import ORT_X86
+from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, QuantRecipe
 
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
@@ -43,23 +51,92 @@ DISABLED_FOR_QDQ = ("MatMulAddFusion", "WeightBiasQuantization")
 """
 
 
+INT8_SCHEMES = (ORT_X86, ORT_X86_7BIT_WEIGHTS)
+"""The INT8 schemes the lowering may use, best first: 8-bit weights where the CPU's kernels compute them exactly
+(VNNI, AMX), else 7-bit weights (x86 AVX2 and AVX-512 without VNNI saturate u8 x s8 pairs in int16; the same
+kernels, so the same speed, with the weights' resolution halved)."""
+
+
+def _probe_session(model: onnx.ModelProto) -> Any:
+    """A one-thread session with every graph optimization and the optimizers of DISABLED_FOR_QDQ off."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(),
+        options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(DISABLED_FOR_QDQ),
+    )
+
+
+def int8_verdicts(
+    session: Callable[[onnx.ModelProto], Any] | None = None, schemes: Sequence[QuantRecipe] = INT8_SCHEMES
+) -> dict[str, SchemeVerdict]:
+    """Whether each scheme computes exactly in this process's ONNX Runtime, by scheme name.
+
+    Probed once per process and scheme (``autotune.backends.int8_kernels``): well under a second on a normal CPU.
+
+    Args:
+        session: Makes a session of a model with the options builds use; None: :func:`_probe_session`.
+        schemes: The recipes to probe.
+    """
+    import onnxruntime as ort
+
+    return scheme_verdicts(schemes, session or _probe_session, cache_key=(ort.__version__, isa_features()))
+
+
+def int8_recipe(session: Callable[[onnx.ModelProto], Any] | None = None, base: QuantRecipe = ORT_X86) -> QuantRecipe:
+    """``base`` where this CPU's ONNX Runtime kernels compute it exactly, else ``base`` with 7-bit weights.
+
+    Raises:
+        RuntimeError: Neither computes exactly (``choose_recipe``).
+    """
+    schemes = (base, reduced_range(base))
+    return choose_recipe(schemes, int8_verdicts(session, schemes))
+
+
 class OnnxRuntimeCPU(GraphBackend):
     """ONNX Runtime with the CPU execution provider.
 
     FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts.
-    INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86.
+    INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86, with 8-bit
+    weights where this CPU's kernels compute them exactly and 7-bit ones where they saturate (``recipe``).
 
     Args:
         intra_op_threads: Threads per session, fixed by the deployment.
     """
 
     name = "onnxruntime"
-    recipe = ORT_X86
 
     def __init__(self, intra_op_threads: int = 2):
         import onnxruntime  # noqa: F401 - fail at construction if missing
 
         self.intra_op_threads = intra_op_threads
+        self._recipe: QuantRecipe | None = None
+
+    @property
+    def recipe(self) -> QuantRecipe:  # type: ignore[override] - the base declares an attribute
+        """The INT8 scheme of this CPU: probed (once per process) on sessions built as every plan's is."""
+        if self._recipe is None:
+            self._recipe = int8_recipe(lambda model: self._session(model, {}), INT8_SCHEMES[0])
+        return self._recipe
+
+    def int8_verdicts(self) -> dict[str, SchemeVerdict]:
+        """The probe's verdict per INT8 scheme (see :func:`int8_verdicts`), on this backend's sessions."""
+        return int8_verdicts(lambda model: self._session(model, {}))
+
+    def int8_arithmetic(self) -> dict[str, Any]:
+        """The scheme the lowering uses here, its weight range, the CPU's INT8 ISA and the probe's verdicts."""
+        recipe = self.recipe
+        return {
+            "scheme": scheme_name(recipe),
+            "weight_range": [-recipe.weight_max, recipe.weight_max],
+            "isa": list(isa_features()),
+            "verdicts": {name: verdict.describe() for name, verdict in self.int8_verdicts().items()},
+        }
 
     def capabilities(self) -> Capabilities:
         """INT8 for weight layers; optimization level and spinning as knobs."""
