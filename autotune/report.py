@@ -57,6 +57,21 @@ def load_run(path: str | Path) -> RunData:
     return RunData(run, config, trials, confirmations, summary, references)
 
 
+def _machine_lines(summary: dict) -> list[str]:
+    """The CPU the run measured on, its INT8 ISA features and the INT8 scheme the probe chose there."""
+    lines = []
+    machine = summary.get("machine")
+    if machine:
+        isa = ", ".join(machine.get("isa") or []) or "none listed"
+        lines.append(f"- machine: {machine.get('cpu')}, {machine.get('cores')} cores; INT8 ISA features: {isa}")
+    arithmetic = summary.get("int8_arithmetic")
+    if arithmetic:
+        low, high = arithmetic["weight_range"]
+        verdicts = "; ".join(arithmetic.get("verdicts", {}).values())
+        lines.append(f"- INT8 scheme: {arithmetic['scheme']} (weights in [{low}, {high}]); kernel probe: {verdicts}")
+    return lines
+
+
 def layer_sensitivities(data: RunData) -> dict[str, float]:
     """Per-layer accuracy drop estimated from all successful trials, assuming drops add up across layers.
 
@@ -193,6 +208,7 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
         best, ratio = data.summary.get("best_reference"), data.summary.get("winner_over_best_reference")
         if best and ratio:
             lines.append(f"- winner against the best one-liner within the budget ({best}): {ratio:.3f}x its speed")
+        lines += _machine_lines(data.summary)
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
     ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget)
     winner_plan = ranked[0].plan if ranked else None
