@@ -92,6 +92,7 @@ def test_rewrite_gives_two_readers_of_one_tensor_their_own_ranges():
     assert _q_scale(out, "b") == pytest.approx(float(activation_qparams(-1.0, 1.0, "uint8")[0]))
 
 
+@pytest.mark.int8_numeric
 def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache(tmp_path, monkeypatch):
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _batches()
@@ -215,6 +216,7 @@ def test_smoothed_range_is_the_range_of_the_divided_tensor():
     assert layerwise.smoothed_range(lo, hi, factors) == pytest.approx((float(divided.min()), float(divided.max())))
 
 
+@pytest.mark.int8_numeric
 def test_a_smoothed_int8_layer_computes_the_same_product_with_less_error():
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _channel_outlier_batches()

@@ -231,6 +231,7 @@ def test_swish_concat_and_pooling_run_their_integer_kernels():
     assert kernels["DequantizeLinear"] == 1, "the MaxPool runs on the integers too"
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("build", [residual_block, pooled_head, padded_depthwise, swish_concat_pool])
 def test_int8_lowering_computes_the_model(build):
     model = build()
@@ -268,6 +269,7 @@ def test_int8_readers_of_an_int8_output_share_it_instead_of_rounding_it_again():
 # ---- accuracy: what cost all-INT8 ten times quantize_static's drop on EfficientNet-Lite0 -------------------
 
 
+@pytest.mark.int8_numeric
 def test_a_dead_channel_keeps_its_bias_when_the_int32_bias_would_overflow():
     """BatchNorm folding leaves channels with ~0 weights and a large bias; the int32 bias must not clip it."""
     net = _Net(5)
@@ -363,6 +365,7 @@ def test_layerwise_calibration_chooses_for_weightless_layers_and_folded_relu6_wi
     assert set(choices.methods) == set(loaded.layer_names) and "add" in choices.errors
 
 
+@pytest.mark.int8_numeric
 def test_an_fp32_conv_between_int8_convs_keeps_its_float_weights_in_the_backends_session():
     """ONNX Runtime's WeightBiasQuantization would give a float conv fed by a DequantizeLinear per-tensor INT8
     weights; a depthwise conv whose channels differ 1000x in scale then loses its small channels."""

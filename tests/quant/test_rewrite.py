@@ -429,6 +429,7 @@ def test_every_rewrite_passes_the_checker(cases, kind, precision, recipe, granul
     assert [o.name for o in out.graph.output] == [o.name for o in case.model.graph.output]
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm", "qk"])
 def test_mixed_plan_passes_checker_and_runs(cases, kind):
     case = cases[kind]
@@ -472,6 +473,7 @@ RECIPES = {
 }
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("kind", ["mlp", "qk", "cnn", "gemm", "deconv", "attn"])
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 @pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])

@@ -231,6 +231,7 @@ def test_every_tensor_has_the_type_the_plan_says(kind, base):
     assert sum(node.op_type == "Cast" for node in typed.graph.node) == 2 + 2 * islands
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("kind", ["conv", "attention"])
 def test_fp16_base_runs_on_onnxruntime_close_to_fp32(kind):
     # ORT CPU executes the TensorRT lowering here: with the weight range its INT8 kernels compute exactly (7-bit
