@@ -259,8 +259,9 @@ class OnnxRuntimeCPU(GraphBackend):
         to FP32 and speedup over FP32, all after pre-processing): the bare defaults (int8 activations, per-tensor
         weights) give cosine 0.813 at 1.13x; per-channel int8 weights raise the cosine to 0.986 (depthwise
         weights differ by channel), still at 1.13x with int8 activations and at 1.93x with uint8 ones (the x86
-        integer kernels take uint8 activations). ``reduce_range`` stays off, as ORT advises for CPUs with VNNI
-        and as our recipe quantizes.
+        integer kernels take uint8 activations). ``reduce_range`` stays off, as ORT advises for CPUs with VNNI and
+        as a user runs the one-liner: on x86 without VNNI its U8S8 kernels then saturate (our lowering uses 7-bit
+        weights there, ``recipe``), and the one-liner's measured accuracy shows what that costs.
 
         ``quant_pre_process`` (shape inference and ORT's basic graph optimizations) is what ORT's warning asks
         for, and a PyTorch export needs it: without it the TF-style padding stays a float Pad between Q/DQ pairs
