@@ -180,3 +180,16 @@ def test_evaluate_measures_several_plans_side_by_side_in_one_process(config_file
     # every spec is checked before the first build
     assert main(["evaluate", str(config_file), "--plan", "int8", "--plan", "tflite"]) == 2
     assert "tflite" in capsys.readouterr().err
+
+
+def test_evaluate_in_process_runs_the_trial_in_this_process(config_file, monkeypatch):
+    """Under qemu-user a child process started by exec runs natively: --in-process keeps the trial emulated."""
+    from autotune import api
+
+    seen = []
+    monkeypatch.setattr(
+        api, "evaluate_side_by_side", lambda *args, **kwargs: seen.append(kwargs["isolate"]) or [{"status": "ok"}]
+    )
+    main(["evaluate", str(config_file), "--plan", "int8", "--in-process"])
+    main(["evaluate", str(config_file), "--plan", "int8"])
+    assert seen == [False, True]
