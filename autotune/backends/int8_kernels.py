@@ -222,7 +222,11 @@ def probe_pattern(pattern: str, recipe: QuantRecipe, session: Callable[[onnx.Mod
         session: Makes an inference session of a model, with the options a build uses (``run(None, feeds)``).
     """
     lowered, x, exact = _lowered(pattern, recipe)
-    got = np.asarray(session(lowered).run(None, {"X": x})[0], dtype=np.float64)
+    try:
+        got = np.asarray(session(lowered).run(None, {"X": x})[0], dtype=np.float64)
+    except Exception as error:  # noqa: BLE001 - a runtime without a kernel for the scheme raises its own types
+        log.info("INT8 probe: %s under %s does not run: %s", pattern, scheme_name(recipe), error)
+        return PatternResult(pattern, False, float("inf"))
     # An output Q/DQ (Conv) rounds to its grid: one step of peak / 127.5 on a symmetric range around 0.
     step = float(np.abs(exact).max()) / 127.5 if any(n.op_type == "QuantizeLinear" for n in lowered.graph.node) else 0
     error = np.abs(got - exact)
@@ -234,7 +238,8 @@ def probe_pattern(pattern: str, recipe: QuantRecipe, session: Callable[[onnx.Mod
 def scheme_name(recipe: QuantRecipe) -> str:
     """``u8s8`` (uint8 activations, 8-bit weights), ``u8s7`` (7-bit weights, ``reduce_range``), ..."""
     activations = "u8" if recipe.activation_dtype == "uint8" else "s8"
-    return f"{activations}s{8 if recipe.weight_max > 64 else 7}"
+    weights = "u" if recipe.weight_dtype == "uint8" else "s"
+    return f"{activations}{weights}{8 if recipe.weight_max > 64 else 7}"
 
 
 def probe_scheme(recipe: QuantRecipe, session: Callable[[onnx.ModelProto], Any]) -> SchemeVerdict:
@@ -269,6 +274,18 @@ def choose_recipe(candidates: Sequence[QuantRecipe], verdicts: Mapping[str, Sche
             return recipe
     found = "; ".join(verdict.describe() for verdict in verdicts.values())
     raise RuntimeError(f"no INT8 scheme computes exactly on this CPU ({found})")
+
+
+def exact_candidates(recipe: QuantRecipe) -> tuple[QuantRecipe, ...]:
+    """``recipe`` and the schemes to fall back to where it saturates, most accurate first.
+
+    uint8 activations: uint8 weights (U8U8 kernels, the same 8-bit weight grid, so the same numbers as an exact
+    ``recipe``), then 7-bit weights (the same U8S8 kernels, half the weight resolution). int8 activations: 7-bit
+    weights.
+    """
+    if recipe.activation_dtype == "uint8" and recipe.weight_dtype == "int8":
+        return recipe, dataclasses.replace(recipe, weight_dtype="uint8"), reduced_range(recipe)
+    return recipe, reduced_range(recipe)
 
 
 def reduced_range(recipe: QuantRecipe) -> QuantRecipe:

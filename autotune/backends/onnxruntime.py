@@ -18,8 +18,8 @@ from autotune.backends.base import BuildError, GraphArtifact, GraphBackend
 from autotune.backends.int8_kernels import (
     SchemeVerdict,
     choose_recipe,
+    exact_candidates,
     isa_features,
-    reduced_range,
     scheme_name,
     scheme_verdicts,
 )
@@ -27,7 +27,7 @@ from autotune.capabilities import Capabilities, Knob
 from autotune.files import write_json
 from autotune.optypes import TUNABLE_OP_TYPES
 from autotune.plan import KnobValue, Plan
-from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, QuantRecipe
+from autotune.quant.recipe import ORT_X86, QuantRecipe
 
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
@@ -51,10 +51,10 @@ DISABLED_FOR_QDQ = ("MatMulAddFusion", "WeightBiasQuantization")
 """
 
 
-INT8_SCHEMES = (ORT_X86, ORT_X86_7BIT_WEIGHTS)
-"""The INT8 schemes the lowering may use, best first: 8-bit weights where the CPU's kernels compute them exactly
-(VNNI, AMX), else 7-bit weights (x86 AVX2 and AVX-512 without VNNI saturate u8 x s8 pairs in int16; the same
-kernels, so the same speed, with the weights' resolution halved)."""
+INT8_SCHEMES = exact_candidates(ORT_X86)
+"""The INT8 schemes the lowering may use, best first (``int8_kernels.exact_candidates``): int8 weights where the
+CPU's U8S8 kernels compute them exactly (VNNI, AMX); else uint8 weights on the same 8-bit grid (U8U8 kernels, exact
+on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pairs then fit int16)."""
 
 
 def _probe_session(model: onnx.ModelProto) -> Any:
@@ -89,12 +89,14 @@ def int8_verdicts(
 
 
 def int8_recipe(session: Callable[[onnx.ModelProto], Any] | None = None, base: QuantRecipe = ORT_X86) -> QuantRecipe:
-    """``base`` where this CPU's ONNX Runtime kernels compute it exactly, else ``base`` with 7-bit weights.
+    """``base`` where this CPU's ONNX Runtime kernels compute it exactly, else its first exact fallback.
+
+    The fallbacks are ``int8_kernels.exact_candidates``: uint8 weights, then 7-bit weights.
 
     Raises:
-        RuntimeError: Neither computes exactly (``choose_recipe``).
+        RuntimeError: None computes exactly (``choose_recipe``).
     """
-    schemes = (base, reduced_range(base))
+    schemes = exact_candidates(base)
     return choose_recipe(schemes, int8_verdicts(session, schemes))
 
 

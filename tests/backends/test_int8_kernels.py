@@ -22,31 +22,38 @@ from autotune.backends.int8_kernels import (
     isa_class,
     isa_features,
     probe_pattern,
+    scheme_name,
     scheme_verdicts,
 )
 from autotune.backends.onnxruntime import INT8_SCHEMES, OnnxRuntimeCPU, _probe_session
 from autotune.model import prepare_model
 from autotune.plan import Plan
 from autotune.quant.lowering import Quantization
-from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS
+from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, ORT_X86_UINT8_WEIGHTS
 from tests.quant.test_rewrite import BUILDERS, RNG_SEED, _feeds, forward, int8_reference
 
 VNNI_OR_AMX = {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
-def force_verdicts(monkeypatch: pytest.MonkeyPatch, saturating: set[int]) -> None:
-    """Makes the probe find every scheme whose ``weight_max`` is in ``saturating`` wrong, and the others exact."""
+def force_verdicts(monkeypatch: pytest.MonkeyPatch, saturating: set[str]) -> None:
+    """Makes the probe find the schemes named in ``saturating`` (``u8s8``, ...) wrong, and the others exact."""
     monkeypatch.setattr(int8_kernels, "_VERDICTS", {})
 
     def forced(pattern, recipe, session):
-        wrong = recipe.weight_max in saturating
+        wrong = scheme_name(recipe) in saturating
         return PatternResult(pattern, not wrong, 0.494 if wrong else 0.0)
 
     monkeypatch.setattr(int8_kernels, "probe_pattern", forced)
 
 
 def int8_weights(graph) -> list[np.ndarray]:
-    return [numpy_helper.to_array(init) for init in graph.initializer if init.name.endswith("__int8")]
+    """The quantized weights, as the integers they stand for (uint8 ones less their zero point of 128)."""
+    weights = [numpy_helper.to_array(init) for init in graph.initializer if init.name.endswith("__int8")]
+    return [w.astype(np.int16) - (128 if w.dtype == np.uint8 else 0) for w in weights]
+
+
+def weight_dtypes(graph) -> set[str]:
+    return {str(numpy_helper.to_array(init).dtype) for init in graph.initializer if init.name.endswith("__int8")}
 
 
 # ---- ISA features ----------------------------------------------------------------------------------------------
@@ -102,11 +109,11 @@ def test_a_kernel_off_by_half_is_saturating_and_the_7bit_scheme_is_exact(pattern
 
 @pytest.mark.int8_numeric
 def test_the_probe_finds_what_the_cpu_features_say():
-    """VNNI: 8-bit weights are exact. AVX2 without VNNI or AMX (qemu -cpu Haswell): MatMul, Gemm and Conv
-    saturate, depthwise Conv (ORT's own int32 kernel) does not."""
+    """VNNI: 8-bit int8 weights are exact. AVX2 without VNNI or AMX (qemu -cpu Haswell): MatMul, Gemm and Conv
+    saturate, depthwise Conv (ORT's own int32 kernel) does not. uint8 and 7-bit weights are exact on both."""
     verdicts = scheme_verdicts(INT8_SCHEMES, _probe_session, cache_key="test")
     features = set(isa_features())
-    assert verdicts["u8s7"].exact
+    assert verdicts["u8u8"].exact and verdicts["u8s7"].exact
     if "avx512_vnni" in features:
         assert verdicts["u8s8"].exact, verdicts["u8s8"].describe()
     elif "avx2" in features and not features & VNNI_OR_AMX:
@@ -150,10 +157,26 @@ def _assert_matches(got, expected, kind):
 
 @pytest.mark.int8_numeric
 @pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm"])
-def test_a_saturating_verdict_lowers_to_7bit_weights_that_compute_the_7bit_reference(monkeypatch, tmp_path, kind):
-    force_verdicts(monkeypatch, saturating={127})
+def test_saturating_int8_weights_lower_to_uint8_weights_on_the_same_grid(monkeypatch, tmp_path, kind):
+    force_verdicts(monkeypatch, saturating={"u8s8"})
+    backend, artifact, got, (model, layers, plan, ranges, feeds) = _built(kind, tmp_path)
+    assert backend.recipe == ORT_X86_UINT8_WEIGHTS
+    assert weight_dtypes(artifact.graph.graph) == {"uint8"}
+    assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == 127
+    # The same integers as int8 weights, so the 8-bit reference; exact U8U8 kernels compute it on every x86 CPU.
+    _assert_matches(got, int8_reference(model, layers, plan, ranges, ORT_X86, feeds, ort_bias=True), kind)
+    arithmetic = backend.int8_arithmetic()
+    assert arithmetic["scheme"] == "u8u8" and arithmetic["weight_range"] == [-127, 127]
+    assert arithmetic["verdicts"]["u8s8"].startswith("u8s8: saturating")
+
+
+@pytest.mark.int8_numeric
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm"])
+def test_saturating_8bit_weights_lower_to_7bit_weights_that_compute_the_7bit_reference(monkeypatch, tmp_path, kind):
+    force_verdicts(monkeypatch, saturating={"u8s8", "u8u8"})
     backend, artifact, got, (model, layers, plan, ranges, feeds) = _built(kind, tmp_path)
     assert backend.recipe == ORT_X86_7BIT_WEIGHTS
+    assert weight_dtypes(artifact.graph.graph) == {"int8"}
     assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == 64
     _assert_matches(got, int8_reference(model, layers, plan, ranges, backend.recipe, feeds, ort_bias=True), kind)
     # The 8-bit reference is another result: a lowering that kept 8-bit weights could not pass the check above.
@@ -161,7 +184,6 @@ def test_a_saturating_verdict_lowers_to_7bit_weights_that_compute_the_7bit_refer
     assert any(np.abs(got[name] - eight[name]).max() > 1e-3 * np.abs(eight[name]).max() for name in got)
     arithmetic = backend.int8_arithmetic()
     assert arithmetic["scheme"] == "u8s7" and arithmetic["weight_range"] == [-64, 64]
-    assert arithmetic["verdicts"]["u8s8"].startswith("u8s8: saturating")
 
 
 @pytest.mark.int8_numeric
@@ -169,6 +191,7 @@ def test_an_exact_verdict_keeps_8bit_weights(monkeypatch, tmp_path):
     force_verdicts(monkeypatch, saturating=set())
     backend, artifact, got, (model, layers, plan, ranges, feeds) = _built("mlp", tmp_path)
     assert backend.recipe == ORT_X86
+    assert weight_dtypes(artifact.graph.graph) == {"int8"}
     assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == 127
     if not all(probe_pattern(pattern, ORT_X86, _probe_session).exact for pattern in PATTERNS):  # the real probe
         pytest.skip("this CPU's 8-bit kernels saturate: the forced verdict cannot compute the 8-bit reference")
@@ -176,13 +199,13 @@ def test_an_exact_verdict_keeps_8bit_weights(monkeypatch, tmp_path):
 
 
 def test_no_exact_scheme_is_an_error_that_names_the_verdicts(monkeypatch):
-    force_verdicts(monkeypatch, saturating={127, 64})
-    with pytest.raises(RuntimeError, match="no INT8 scheme computes exactly.*u8s8: saturating.*u8s7: saturating"):
+    force_verdicts(monkeypatch, saturating={"u8s8", "u8u8", "u8s7"})
+    with pytest.raises(RuntimeError, match="no INT8 scheme computes exactly.*u8s8: saturating.*u8u8: sat.*u8s7: sat"):
         _ = OnnxRuntimeCPU(1).recipe
 
 
 def test_the_verdict_is_probed_once_per_process(monkeypatch):
-    force_verdicts(monkeypatch, saturating={127})
+    force_verdicts(monkeypatch, saturating={"u8s8", "u8u8"})
     calls = []
     forced = int8_kernels.probe_pattern
     monkeypatch.setattr(int8_kernels, "probe_pattern", lambda *args: calls.append(args[0]) or forced(*args))
