@@ -3,8 +3,9 @@
 x86 CPUs without VNNI (AVX2, AVX-512F/BW) multiply uint8 activations by int8 weights with ``VPMADDUBSW``, which
 adds each pair of u8 x s8 products in int16 and saturates: with activations of 255 and weights of 127 a pair is
 64,770, clipped to 32,767, and a MatMul of K=64 returns about half the exact product. VNNI (``VPDPBUSD``) and AMX
-accumulate in int32 and are exact. ONNX Runtime's quantization guide names the remedy: 7-bit weights
-(``reduce_range``), whose pairs (2 x 255 x 64 = 32,640) fit int16.
+accumulate in int32 and are exact. ONNX Runtime's quantization guide names the remedies: U8U8 (uint8 weights,
+whose kernels widen to int16 before they multiply) and 7-bit weights (``reduce_range``), whose pairs
+(2 x 255 x 64 = 32,640) fit int16.
 
 The CPU flags say which kernels a runtime *may* pick, not which it picks (an emulator, a runtime built without a
 kernel), so the verdict comes from a probe: one-node models as our lowering writes them (Q/DQ around MatMul,
@@ -236,7 +237,7 @@ def probe_pattern(pattern: str, recipe: QuantRecipe, session: Callable[[onnx.Mod
 
 
 def scheme_name(recipe: QuantRecipe) -> str:
-    """``u8s8`` (uint8 activations, 8-bit weights), ``u8s7`` (7-bit weights, ``reduce_range``), ..."""
+    """``u8s8`` (uint8 activations, int8 weights), ``u8u8`` (uint8 weights), ``u8s7`` (7-bit int8 weights), ..."""
     activations = "u8" if recipe.activation_dtype == "uint8" else "s8"
     weights = "u" if recipe.weight_dtype == "uint8" else "s"
     return f"{activations}{weights}{8 if recipe.weight_max > 64 else 7}"

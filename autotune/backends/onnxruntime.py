@@ -105,7 +105,7 @@ class OnnxRuntimeCPU(GraphBackend):
 
     FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts.
     INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86, with 8-bit
-    weights where this CPU's kernels compute them exactly and 7-bit ones where they saturate (``recipe``).
+    weights where this CPU's kernels compute them exactly, uint8 (or 7-bit) ones where they saturate (``recipe``).
 
     Args:
         intra_op_threads: Threads per session, fixed by the deployment.
@@ -262,7 +262,7 @@ class OnnxRuntimeCPU(GraphBackend):
         weights) give cosine 0.813 at 1.13x; per-channel int8 weights raise the cosine to 0.986 (depthwise
         weights differ by channel), still at 1.13x with int8 activations and at 1.93x with uint8 ones (the x86
         integer kernels take uint8 activations). ``reduce_range`` stays off, as ORT advises for CPUs with VNNI and
-        as a user runs the one-liner: on x86 without VNNI its U8S8 kernels then saturate (our lowering uses 7-bit
+        as a user runs the one-liner: on x86 without VNNI its U8S8 kernels then saturate (our lowering uses uint8
         weights there, ``recipe``), and the one-liner's measured accuracy shows what that costs.
 
         ``quant_pre_process`` (shape inference and ORT's basic graph optimizations) is what ORT's warning asks

@@ -1,9 +1,9 @@
 """The INT8 kernel probe: the ISA features it reads, the verdicts it gives, and the scheme the ORT backend lowers to.
 
 The forced-verdict tests hold on any CPU: they replace the probe's verdict and check that the lowering follows it
-(7-bit weights where 8-bit ones saturate) with numbers that match the chosen scheme's numpy reference. The
-``int8_numeric`` tests run the real probe; CI runs them under ``qemu-x86_64 -cpu Haswell`` too (``make
-test-haswell``), where ONNX Runtime picks the saturating AVX2 kernels.
+(uint8 weights, then 7-bit ones, where int8 weights saturate) with numbers that match the chosen scheme's numpy
+reference. The ``int8_numeric`` tests run the real probe; CI runs them under ``qemu-x86_64 -cpu Haswell`` too
+(``make test-haswell``), where ONNX Runtime picks the saturating AVX2 kernels.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from autotune.quant.recipe import TENSORRT
 from autotune.quant.rewrite import required_ranges, rewrite
 
 ORT = int8_recipe()
-"""The ORT backend's recipe on this CPU: 8-bit weights where its INT8 kernels are exact, 7-bit where they saturate."""
+"""The ORT backend's recipe on this CPU: int8 weights where its INT8 kernels are exact, else uint8 (or 7-bit) ones."""
 
 C = 8
 SHAPE = [2, C, 8, 8]

@@ -223,7 +223,8 @@ def _sole_relu_output(model: onnx.ModelProto, tensor: str) -> str | None:
 def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -> dict[str, np.ndarray]:
     """Numpy fake-quant forward of an int8 plan, written independently of rewrite.py.
 
-    Weights are quantized to the recipe's range (``weight_max``: 8 or 7 bits), as the scheme in use does.
+    Weights are quantized to the recipe's range (``weight_max``: 8 or 7 bits), as the scheme in use does (uint8
+    weights hold the same integers, offset by their zero point).
 
     ``ort_bias`` mimics ORT's optimizer, which quantizes a float Conv bias to int32 (act_scale * w_scale)
     whenever the Conv reads DQ outputs, whatever the graph says.
@@ -463,7 +464,7 @@ LEVELS = {
 
 
 ORT_EXACT = int8_recipe()
-"""ORT_X86 as the ORT backend lowers it on this CPU: 8-bit weights where its kernels are exact, else 7-bit."""
+"""ORT_X86 as the ORT backend lowers it on this CPU: int8 weights where its kernels are exact, else uint8 or 7-bit."""
 
 RECIPES = {
     "ort_x86": ORT_EXACT,
