@@ -97,7 +97,12 @@ def int8_recipe(session: Callable[[onnx.ModelProto], Any] | None = None, base: Q
         RuntimeError: None computes exactly (``choose_recipe``).
     """
     schemes = exact_candidates(base)
-    return choose_recipe(schemes, int8_verdicts(session, schemes))
+    verdicts: dict[str, SchemeVerdict] = {}
+    for recipe in schemes:  # the first exact one ends the probe: on a VNNI CPU only int8 weights are probed
+        verdicts.update(int8_verdicts(session, (recipe,)))
+        if verdicts[scheme_name(recipe)].exact:
+            return recipe
+    return choose_recipe(schemes, verdicts)  # raises, naming every verdict
 
 
 class OnnxRuntimeCPU(GraphBackend):
