@@ -229,7 +229,8 @@ def probe_pattern(pattern: str, recipe: QuantRecipe, session: Callable[[onnx.Mod
         log.info("INT8 probe: %s under %s does not run: %s", pattern, scheme_name(recipe), error)
         return PatternResult(pattern, False, float("inf"))
     # An output Q/DQ (Conv) rounds to its grid: one step of peak / 127.5 on a symmetric range around 0.
-    step = float(np.abs(exact).max()) / 127.5 if any(n.op_type == "QuantizeLinear" for n in lowered.graph.node) else 0
+    output_quantized = any(node.op_type == "DequantizeLinear" and "Y" in node.output for node in lowered.graph.node)
+    step = float(np.abs(exact).max()) / 127.5 if output_quantized else 0.0
     error = np.abs(got - exact)
     relative = float((error / np.maximum(np.abs(exact), 1.0)).max())
     exact_enough = bool(np.all(error <= step / 2 + _RELATIVE_TOLERANCE * np.abs(exact)))
