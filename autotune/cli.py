@@ -74,7 +74,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
     specs = args.plan or ["int8"]
-    results = api.evaluate_side_by_side(config, specs, split=args.split)
+    results = api.evaluate_side_by_side(config, specs, split=args.split, isolate=not args.in_process)
     if len(results) == 1 or args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
@@ -205,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--split", choices=("evaluation", "holdout"), default="evaluation")
     evaluate.add_argument("--json", action="store_true", help="print every result as JSON (one plan: always)")
+    evaluate.add_argument(
+        "--in-process",
+        action="store_true",
+        help="build and run in this process, not a child (under qemu-user a child started by exec runs natively)",
+    )
     evaluate.set_defaults(handler=_evaluate)
 
     tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")

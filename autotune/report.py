@@ -57,6 +57,21 @@ def load_run(path: str | Path) -> RunData:
     return RunData(run, config, trials, confirmations, summary, references)
 
 
+def _machine_lines(summary: dict) -> list[str]:
+    """The CPU the run measured on, its INT8 ISA features and the INT8 scheme the probe chose there."""
+    lines = []
+    machine = summary.get("machine")
+    if machine:
+        isa = ", ".join(machine.get("isa") or []) or "none listed"
+        lines.append(f"- machine: {machine.get('cpu')}, {machine.get('cores')} cores; INT8 ISA features: {isa}")
+    arithmetic = summary.get("int8_arithmetic")
+    if arithmetic:
+        low, high = arithmetic["weight_range"]
+        verdicts = "; ".join(arithmetic.get("verdicts", {}).values())
+        lines.append(f"- INT8 scheme: {arithmetic['scheme']} (weights in [{low}, {high}]); kernel probe: {verdicts}")
+    return lines
+
+
 def layer_sensitivities(data: RunData) -> dict[str, float]:
     """Per-layer accuracy drop estimated from all successful trials, assuming drops add up across layers.
 
@@ -194,6 +209,7 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
         if best and ratio:
             lines.append(f"- winner against the best one-liner within the budget ({best}): {ratio:.3f}x its speed")
         lines += _self_check_lines(data.summary)
+        lines += _machine_lines(data.summary)
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
     noise = ((data.summary or {}).get("self_check") or {}).get("confirmation", {}).get("noise", 0.0)
     ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget, noise)

@@ -184,6 +184,8 @@ def export_ranked(
         "imported_trials": len(store.imported()),
         "cache_hits": int(store.get_meta("cache_hits", 0)),
         "wall_s": float(store.get_meta("wall_s", 0.0)),
+        "machine": (store.get_meta(KEY_META, {}) or {}).get("machine"),
+        "int8_arithmetic": evaluator.int8_arithmetic(),
         "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
         **summary_fields(store),
     }

@@ -230,3 +230,16 @@ def test_a_constant_weight_model_inspects_and_evaluates_as_its_initializer_twin(
     assert constants["plan"] == initializers["plan"] and set(constants["plan"]["precisions"].values()) == {"int8"}
     for key in ("accuracy", "reference_accuracy", "accuracy_drop"):
         assert constants[key] == initializers[key], key
+
+
+def test_evaluate_in_process_runs_the_trial_in_this_process(config_file, monkeypatch):
+    """Under qemu-user a child process started by exec runs natively: --in-process keeps the trial emulated."""
+    from autotune import api
+
+    seen = []
+    monkeypatch.setattr(
+        api, "evaluate_side_by_side", lambda *args, **kwargs: seen.append(kwargs["isolate"]) or [{"status": "ok"}]
+    )
+    main(["evaluate", str(config_file), "--plan", "int8", "--in-process"])
+    main(["evaluate", str(config_file), "--plan", "int8"])
+    assert seen == [False, True]

@@ -77,3 +77,17 @@ def test_report_shows_the_one_liners_beside_the_winner(finished_run):
         assert float(drop) == pytest.approx(measured.accuracy_drop, abs=1e-5)
         assert (within == "yes") == meets_budget(measured, finished_run.accuracy_budget)
         assert float(ratio) == pytest.approx(winner.speedup / measured.speedup, rel=1e-3)
+
+
+def test_report_names_the_cpu_its_int8_isa_and_the_int8_scheme_that_ran(finished_run):
+    from autotune.backends.int8_kernels import isa_features
+    from autotune.backends.onnxruntime import int8_recipe
+
+    data = load_run(finished_run.run_dir)
+    assert data.summary["machine"]["isa"] == list(isa_features())
+    scheme = data.summary["int8_arithmetic"]
+    weight_max = int8_recipe().weight_max
+    assert scheme["weight_range"] == [-weight_max, weight_max] and set(scheme["verdicts"]) == {"u8s8", "u8u8", "u8s7"}
+    text = report([finished_run.run_dir])["report"].read_text()
+    assert f"INT8 ISA features: {', '.join(isa_features())}" in text
+    assert f"- INT8 scheme: {scheme['scheme']} (weights in [-{weight_max}, {weight_max}]); kernel probe: u8s8: " in text

@@ -330,6 +330,16 @@ def test_a_second_run_from_the_first_builds_none_of_its_plans_and_counts_only_it
     assert summary["imported_trials"] == len(measured_first)
 
 
+def test_trials_of_a_cpu_with_other_int8_isa_features_are_not_imported(tmp_path, monkeypatch):
+    """One CPU model name covers AVX2-only and VNNI CPUs (a VM's "AMD EPYC"): their INT8 trials do not mix."""
+    first = tiny_config(tmp_path, name="first", budget={"builds": 2}, ppo={"episodes_per_update": 2})
+    tune(first, isolate=False, progress=False)
+    monkeypatch.setattr("autotune.harness.memory.isa_features", lambda: ("a-cpu-other-than-this-one",))
+    other = tiny_config(tmp_path, name="other", budget={"builds": 2}, from_runs=[str(first.run_dir)])
+    with pytest.raises(ConfigError, match=r"not comparable with this run \(machine differ"):
+        tune(other, isolate=False, progress=False)
+
+
 def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
     first = tiny_config(tmp_path, name="first", budget={"builds": 2}, ppo={"episodes_per_update": 2})
     tune(first, isolate=False, progress=False)

@@ -119,6 +119,13 @@ class Backend(ABC):
         """
         return None
 
+    def int8_arithmetic(self) -> dict[str, Any] | None:
+        """The INT8 scheme this backend lowers to on this machine and why, or None where the CPU does not decide it.
+
+        A dict with ``scheme``, ``weight_range``, ``isa`` and ``verdicts`` (what ``summary.json`` records).
+        """
+        return None
+
     def profile(self, model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
         """Each layer's share of FP32 runtime, or None when the backend cannot profile per layer."""
         return None

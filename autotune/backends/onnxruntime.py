@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,11 +15,19 @@ import numpy as np
 import onnx
 
 from autotune.backends.base import BuildError, GraphArtifact, GraphBackend
+from autotune.backends.int8_kernels import (
+    SchemeVerdict,
+    choose_recipe,
+    exact_candidates,
+    isa_features,
+    scheme_name,
+    scheme_verdicts,
+)
 from autotune.capabilities import Capabilities, Knob
 from autotune.files import write_json
 from autotune.optypes import TUNABLE_OP_TYPES
 from autotune.plan import KnobValue, Plan
-from autotune.quant.recipe import ORT_X86
+from autotune.quant.recipe import ORT_X86, QuantRecipe
 
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
@@ -50,30 +58,106 @@ def spinning_entries(knobs: Mapping[str, KnobValue]) -> dict[str, str]:
     ``session.force_spinning_stop`` stops them the moment the run returns. Without it they spin on after the run:
     in the interleaved timing loop the FP32 reference's threads then take cores from the candidate being timed
     (and the other way round), and on the 3 ms CNN of the demo every latency read either ~3.4 ms or ~7.3 ms
-    (docs/benchmarks.md, "Timing protocol"). A deployed session alone keeps the gain within its runs.
+    (docs/benchmarks.md, "Timing"). A deployed session alone keeps the gain within its runs.
     """
     if not knobs.get("allow_spinning", True):
         return {"session.intra_op.allow_spinning": "0"}
     return {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
 
 
+INT8_SCHEMES = exact_candidates(ORT_X86)
+"""The INT8 schemes the lowering may use, best first (``int8_kernels.exact_candidates``): int8 weights where the
+CPU's U8S8 kernels compute them exactly (VNNI, AMX); else uint8 weights on the same 8-bit grid (U8U8 kernels, exact
+on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pairs then fit int16)."""
+
+
+def _probe_session(model: onnx.ModelProto) -> Any:
+    """A one-thread session with every graph optimization and the optimizers of DISABLED_FOR_QDQ off."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(),
+        options,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(DISABLED_FOR_QDQ),
+    )
+
+
+def int8_verdicts(
+    session: Callable[[onnx.ModelProto], Any] | None = None, schemes: Sequence[QuantRecipe] = INT8_SCHEMES
+) -> dict[str, SchemeVerdict]:
+    """Whether each scheme computes exactly in this process's ONNX Runtime, by scheme name.
+
+    Probed once per process and scheme (``autotune.backends.int8_kernels``): well under a second on a normal CPU.
+
+    Args:
+        session: Makes a session of a model with the options builds use; None: :func:`_probe_session`.
+        schemes: The recipes to probe.
+    """
+    import onnxruntime as ort
+
+    return scheme_verdicts(schemes, session or _probe_session, cache_key=(ort.__version__, isa_features()))
+
+
+def int8_recipe(session: Callable[[onnx.ModelProto], Any] | None = None, base: QuantRecipe = ORT_X86) -> QuantRecipe:
+    """``base`` where this CPU's ONNX Runtime kernels compute it exactly, else its first exact fallback.
+
+    The fallbacks are ``int8_kernels.exact_candidates``: uint8 weights, then 7-bit weights.
+
+    Raises:
+        RuntimeError: None computes exactly (``choose_recipe``).
+    """
+    schemes = exact_candidates(base)
+    verdicts: dict[str, SchemeVerdict] = {}
+    for recipe in schemes:  # the first exact one ends the probe: on a VNNI CPU only int8 weights are probed
+        verdicts.update(int8_verdicts(session, (recipe,)))
+        if verdicts[scheme_name(recipe)].exact:
+            return recipe
+    return choose_recipe(schemes, verdicts)  # raises, naming every verdict
+
+
 class OnnxRuntimeCPU(GraphBackend):
     """ONNX Runtime with the CPU execution provider.
 
     FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts.
-    INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86.
+    INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86, with 8-bit
+    weights where this CPU's kernels compute them exactly, uint8 (or 7-bit) ones where they saturate (``recipe``).
 
     Args:
         intra_op_threads: Threads per session, fixed by the deployment.
     """
 
     name = "onnxruntime"
-    recipe = ORT_X86
 
     def __init__(self, intra_op_threads: int = 2):
         import onnxruntime  # noqa: F401 - fail at construction if missing
 
         self.intra_op_threads = intra_op_threads
+        self._recipe: QuantRecipe | None = None
+
+    @property
+    def recipe(self) -> QuantRecipe:  # type: ignore[override] - the base declares an attribute
+        """The INT8 scheme of this CPU: probed (once per process) on sessions built as every plan's is."""
+        if self._recipe is None:
+            self._recipe = int8_recipe(lambda model: self._session(model, {}), INT8_SCHEMES[0])
+        return self._recipe
+
+    def int8_verdicts(self) -> dict[str, SchemeVerdict]:
+        """The probe's verdict per INT8 scheme (see :func:`int8_verdicts`), on this backend's sessions."""
+        return int8_verdicts(lambda model: self._session(model, {}))
+
+    def int8_arithmetic(self) -> dict[str, Any]:
+        """The scheme the lowering uses here, its weight range, the CPU's INT8 ISA and the probe's verdicts."""
+        recipe = self.recipe
+        return {
+            "scheme": scheme_name(recipe),
+            "weight_range": [-recipe.weight_max, recipe.weight_max],
+            "isa": list(isa_features()),
+            "verdicts": {name: verdict.describe() for name, verdict in self.int8_verdicts().items()},
+        }
 
     def capabilities(self) -> Capabilities:
         """INT8 for weight layers; optimization level and spinning as knobs."""
@@ -195,8 +279,9 @@ class OnnxRuntimeCPU(GraphBackend):
         to FP32 and speedup over FP32, all after pre-processing): the bare defaults (int8 activations, per-tensor
         weights) give cosine 0.813 at 1.13x; per-channel int8 weights raise the cosine to 0.986 (depthwise
         weights differ by channel), still at 1.13x with int8 activations and at 1.93x with uint8 ones (the x86
-        integer kernels take uint8 activations). ``reduce_range`` stays off, as ORT advises for CPUs with VNNI
-        and as our recipe quantizes.
+        integer kernels take uint8 activations). ``reduce_range`` stays off, as ORT advises for CPUs with VNNI and
+        as a user runs the one-liner: on x86 without VNNI its U8S8 kernels then saturate (our lowering uses uint8
+        weights there, ``recipe``), and the one-liner's measured accuracy shows what that costs.
 
         ``quant_pre_process`` (shape inference and ORT's basic graph optimizations) is what ORT's warning asks
         for, and a PyTorch export needs it: without it the TF-style padding stays a float Pad between Q/DQ pairs

@@ -200,6 +200,16 @@ class Evaluator:
             raise BuildError(f"cannot list the backend's references: {data}")
         return tuple(data)
 
+    def int8_arithmetic(self) -> dict[str, Any] | None:
+        """The INT8 scheme the trial process's backend lowers to and why (``Backend.int8_arithmetic``).
+
+        None where the backend does not say or the trial process cannot answer.
+        """
+        if self._inline is not None:
+            return self._inline.backend.int8_arithmetic()
+        status, data = self._request("int8_arithmetic", None)
+        return data if status == "result" else None
+
     def layerwise_errors(self) -> dict | None:
         """The layerwise calibration's choices and single-layer output errors (``methods``, ``errors``), or None.
 

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.int8_kernels import isa_features
 from autotune.config import ConfigError, TuneConfig
 from autotune.data import load_dataset
 from autotune.harness.evaluator import Evaluator
@@ -72,9 +73,19 @@ def _gpu_name(config: TuneConfig) -> str | None:
 
 
 def machine_identity(config: TuneConfig) -> dict[str, Any]:
-    """CPU model, cores this process may use, and GPU name where the backend runs on one."""
+    """CPU model, its INT8 ISA features, cores this process may use, and GPU name where the backend has one.
+
+    One CPU model name covers CPUs with and without VNNI (``AMD EPYC``, a VM's generic name), whose INT8 kernels
+    differ in speed and in what they compute: trials of one are no evidence about the other.
+    """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": _cpu_model(), "cores": cores, "gpu": _gpu_name(config), "system": platform.system()}
+    return {
+        "cpu": _cpu_model(),
+        "isa": list(isa_features()),
+        "cores": cores,
+        "gpu": _gpu_name(config),
+        "system": platform.system(),
+    }
 
 
 def data_fingerprint(config: TuneConfig, model: LoadedModel) -> dict[str, str]:

@@ -63,6 +63,8 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
             return "result", None if choices is None else {"methods": choices.methods, "errors": choices.errors}
         if kind == "references":
             return "result", list(runner.backend.references())
+        if kind == "int8_arithmetic":
+            return "result", runner.backend.int8_arithmetic()
         if kind == "export":
             plan, out_dir = payload
             return "result", runner.export(Plan.from_dict(plan), Path(out_dir))

@@ -135,8 +135,9 @@ def quantize_weight(
     per_channel: bool,
     floor: np.ndarray | None = None,
     scale_type: type | None = None,
+    qmax: int = 127,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 weight quantization (zero point 0, range [-127, 127]).
+    """Symmetric int8 weight quantization (zero point 0, range [-qmax, qmax]).
 
     Args:
         w: The float weight.
@@ -144,6 +145,7 @@ def quantize_weight(
         per_channel: One scale per index of ``axis``; otherwise one scale for the whole tensor.
         floor: Smallest allowed scales (same shape as the scales), e.g. from :func:`int32_bias_floor`.
         scale_type: The type the scales are stored in (:func:`in_scale_type`); None: float32.
+        qmax: The largest integer magnitude: 127, or 64 for 7-bit weights (``QuantRecipe.weight_max``).
 
     Returns:
         ``(q, scales)``: the int8 weight and float32 scales (1-D per channel, 0-d per tensor).
@@ -151,11 +153,13 @@ def quantize_weight(
     """
     w = np.asarray(w, dtype=np.float32)
     amax, norm_axis = _channel_amax(w, axis, per_channel)
-    scales = _safe_scale(amax / np.float32(127.0))
+    if not 0 < qmax <= 127:
+        raise ValueError(f"qmax must be in [1, 127], not {qmax}")
+    scales = _safe_scale(amax / np.float32(qmax))
     if floor is not None:
         scales = np.maximum(scales, np.asarray(floor, dtype=np.float32)).astype(np.float32)
     scales = in_scale_type(scales, scale_type)
-    q = np.clip(np.rint(w / _broadcast(scales, w.ndim, norm_axis)), -127, 127).astype(np.int8)
+    q = np.clip(np.rint(w / _broadcast(scales, w.ndim, norm_axis)), -qmax, qmax).astype(np.int8)
     return q, scales
 
 

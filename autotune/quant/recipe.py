@@ -11,7 +11,11 @@ class QuantRecipe:
 
     Attributes:
         activation_dtype: ``"uint8"`` (asymmetric, with a zero point) or ``"int8"`` (symmetric, zero point 0).
-        weight_dtype: Always ``"int8"``, symmetric with zero point 0.
+        weight_dtype: ``"int8"`` (symmetric, zero point 0) or ``"uint8"``: the same integers offset by a zero point
+            of 128, for CPUs whose u8 x s8 kernels saturate but whose u8 x u8 ones do not.
+        weight_max: Weights are quantized to ``[-weight_max, weight_max]``: 127 (8 bits), or 64 (7 bits, ORT's
+            ``reduce_range``) where the CPU's u8 x s8 kernels add pairs of products in int16 and saturate
+            (x86 without VNNI; ``autotune.backends.int8_kernels`` probes it).
         quantize_matmul_output: Put Q/DQ on MatMul/Gemm outputs too. ORT CPU is faster without
             (it fuses DQ-MatMul into MatMulIntegerToFloat; tests/backends/test_onnxruntime.py checks the fusion).
         quantize_conv_output: Put Q/DQ on the outputs of Conv layers and of weightless layers (Add, pooling, ...):
@@ -26,6 +30,7 @@ class QuantRecipe:
 
     activation_dtype: str = "uint8"
     weight_dtype: str = "int8"
+    weight_max: int = 127
     quantize_matmul_output: bool = False
     quantize_conv_output: bool = True
     fold_activation_into_output: bool = True
@@ -40,6 +45,14 @@ class QuantRecipe:
 
 ORT_X86 = QuantRecipe(activation_dtype="uint8")
 """uint8 activations and int8 per-channel weights: the only INT8 recipe that is fast on x86 ORT (VNNI)."""
+
+ORT_X86_UINT8_WEIGHTS = QuantRecipe(activation_dtype="uint8", weight_dtype="uint8")
+"""ORT_X86 with uint8 weights (zero point 128, the same 8-bit grid): ORT's U8U8 kernels widen to int16 before
+multiplying, so they are exact on x86 without VNNI, where the U8S8 ones saturate."""
+
+ORT_X86_7BIT_WEIGHTS = QuantRecipe(activation_dtype="uint8", weight_max=64)
+"""ORT_X86 with 7-bit weights (``reduce_range``): exact on x86 without VNNI, whose U8S8 kernels add pairs of
+u8 x s8 products in int16 (2 x 255 x 64 = 32,640 fits; 2 x 255 x 127 does not)."""
 
 TENSORRT = QuantRecipe(
     activation_dtype="int8",

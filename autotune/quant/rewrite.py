@@ -213,8 +213,13 @@ class _Rewriter(GraphEditor):
                 q, scales = quantize_weight_fp8(w, axis, per_channel, self.scale_type)
                 zeros: np.ndarray = np.zeros(scales.shape, dtype=ml_dtypes.float8_e4m3fn)
             else:
-                q, scales = quantize_weight(w, axis, per_channel, floor, self.scale_type)
+                q, scales = quantize_weight(w, axis, per_channel, floor, self.scale_type, self.recipe.weight_max)
                 zeros = np.zeros(scales.shape, dtype=np.int8)
+                if self.recipe.weight_dtype == "uint8":
+                    # The same integers offset by a zero point of 128: ORT's U8U8 kernels widen to int16 before
+                    # they multiply, so they are exact where U8S8 saturates, and the dequantized weight is the same.
+                    q = (q.astype(np.int16) + 128).astype(np.uint8)
+                    zeros = np.full(scales.shape, 128, dtype=np.uint8)
             tag = "fp8" if fp8 else "int8"
             self.cache[key] = (
                 self.add_init(f"{layer.weight}__{tag}", q),

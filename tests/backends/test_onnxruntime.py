@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from autotune.backends import BuildError
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
+from autotune.backends.onnxruntime import OnnxRuntimeCPU, int8_recipe
 from autotune.model import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.quant.rewrite import rewrite
@@ -22,7 +22,7 @@ def tiny():
 def _int8(model, layers, **knobs):
     ranges = {name: (-8.0, 8.0) for name in ("x", "a1", "a2", "a3", "h1b")}
     plan = Plan.make({layer.name: "int8" for layer in layers}, knobs)
-    return rewrite(model.proto, model.layers, plan, ranges, OnnxRuntimeCPU.recipe)
+    return rewrite(model.proto, model.layers, plan, ranges, int8_recipe())
 
 
 def test_capabilities_offer_int8_not_fp16_on_x86():

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from autotune.backends.onnxruntime import int8_recipe
 from autotune.harness import TrialRunner
 from autotune.metrics import snr_db
 from autotune.model import InputSpec, prepare_model
@@ -20,9 +21,11 @@ from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, TensorStats,
 from autotune.quant.layerwise import LayerwiseChoices, choose_layer_methods, choose_methods
 from autotune.quant.probe import find_cut
 from autotune.quant.qparams import activation_qparams
-from autotune.quant.recipe import ORT_X86
 from autotune.quant.rewrite import RewriteError, required_ranges, rewrite, smooth_weight
 from autotune.testing import tiny_config, tiny_mlp
+
+ORT = int8_recipe()
+"""The ORT backend's recipe on this CPU: its layerwise error estimates run with the weights that will run."""
 
 
 def _fanout_model() -> onnx.ModelProto:
@@ -83,12 +86,13 @@ def test_rewrite_gives_two_readers_of_one_tensor_their_own_ranges():
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     plan = Plan.make({"a": "int8", "b": "int8"})
     wide, narrow = {"X": (-8.0, 8.0)}, {"X": (-1.0, 1.0)}
-    out = rewrite(loaded.proto, loaded.layers, plan, wide, ORT_X86, layer_ranges={"b": narrow})
+    out = rewrite(loaded.proto, loaded.layers, plan, wide, ORT, layer_ranges={"b": narrow})
     onnx.checker.check_model(out, full_check=True)
     assert _q_scale(out, "a") == pytest.approx(float(activation_qparams(-8.0, 8.0, "uint8")[0]))
     assert _q_scale(out, "b") == pytest.approx(float(activation_qparams(-1.0, 1.0, "uint8")[0]))
 
 
+@pytest.mark.int8_numeric
 def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache(tmp_path, monkeypatch):
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _batches()
@@ -98,7 +102,7 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
     chosen = choose_layer_methods(
         loaded.proto,
         loaded.layers,
-        ORT_X86,
+        ORT,
         calibration,
         batches,
         cache_dir=tmp_path,
@@ -112,7 +116,7 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
     # The recorded error is the model's noise-to-signal power with only that layer in INT8.
     session = ort.InferenceSession(loaded.proto.SerializeToString(), providers=["CPUExecutionProvider"])
     reference = [session.run(None, b)[0] for b in batches]
-    typed = rewrite(loaded.proto, loaded.layers, Plan.make({"a": "int8"}), calibration.ranges("entropy"), ORT_X86)
+    typed = rewrite(loaded.proto, loaded.layers, Plan.make({"a": "int8"}), calibration.ranges("entropy"), ORT)
     session = ort.InferenceSession(typed.SerializeToString(), providers=["CPUExecutionProvider"])
     outputs = [session.run(None, b)[0] for b in batches]
     assert chosen.errors["a"]["entropy"] == pytest.approx(10 ** (-snr_db(outputs, reference) / 10), rel=1e-3)
@@ -125,7 +129,7 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
     again = choose_layer_methods(
         loaded.proto,
         loaded.layers,
-        ORT_X86,
+        ORT,
         calibration,
         batches,
         cache_dir=tmp_path,
@@ -137,7 +141,7 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
     # Other data is another key: the cache does not answer it.
     with pytest.raises(AssertionError, match="cache should have answered"):
         choose_layer_methods(
-            loaded.proto, loaded.layers, ORT_X86, calibration, _batches(seed=2), cache_dir=tmp_path, model_hash="m"
+            loaded.proto, loaded.layers, ORT, calibration, _batches(seed=2), cache_dir=tmp_path, model_hash="m"
         )
 
 
@@ -145,10 +149,10 @@ def test_a_corrupt_cache_is_chosen_again(tmp_path):
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _batches()
     calibration = _calibration(batches)
-    first = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, calibration, batches, cache_dir=tmp_path)
+    first = choose_layer_methods(loaded.proto, loaded.layers, ORT, calibration, batches, cache_dir=tmp_path)
     (cache,) = tmp_path.glob("layerwise-*.json")
     cache.write_text("{not json")
-    assert choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, calibration, batches, cache_dir=tmp_path) == first
+    assert choose_layer_methods(loaded.proto, loaded.layers, ORT, calibration, batches, cache_dir=tmp_path) == first
     assert cache.read_text().startswith("{")
 
 
@@ -212,6 +216,7 @@ def test_smoothed_range_is_the_range_of_the_divided_tensor():
     assert layerwise.smoothed_range(lo, hi, factors) == pytest.approx((float(divided.min()), float(divided.max())))
 
 
+@pytest.mark.int8_numeric
 def test_a_smoothed_int8_layer_computes_the_same_product_with_less_error():
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _channel_outlier_batches()
@@ -220,8 +225,8 @@ def test_a_smoothed_int8_layer_computes_the_same_product_with_less_error():
     smoothing = choices.smoothing(loaded.proto, loaded.layers)
     layer_ranges = choices.layer_ranges(calibration, smoothing, loaded.layers)
     plan = Plan.make({"a": "int8"})
-    smoothed = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges("max"), ORT_X86, layer_ranges, smoothing)
-    plain = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges("max"), ORT_X86)
+    smoothed = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges("max"), ORT, layer_ranges, smoothing)
+    plain = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges("max"), ORT)
     onnx.checker.check_model(smoothed, full_check=True)
     mul = next(n for n in smoothed.graph.node if n.op_type == "Mul")
     quantize = next(n for n in smoothed.graph.node if n.op_type == "QuantizeLinear" and n.name.startswith("a__"))
@@ -241,7 +246,7 @@ def test_a_smoothed_int8_layer_computes_the_same_product_with_less_error():
 def test_layerwise_choice_smooths_a_layer_with_an_outlier_channel():
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _channel_outlier_batches()
-    chosen = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, _calibration(batches), batches)
+    chosen = choose_layer_methods(loaded.proto, loaded.layers, ORT, _calibration(batches), batches)
     assert chosen.methods["a"].startswith("smooth-") and chosen.methods["b"].startswith("smooth-")
     assert len(chosen.channel_ranges["X"][0]) == 16
 
@@ -271,9 +276,9 @@ def _whole_model_error(loaded, name, method, calibration, batches, channels, out
         layer = [layer for layer in loaded.layers if layer.name == name]
         smoothing = alone.smoothing(loaded.proto, layer)
         ranges = alone.layer_ranges(calibration, smoothing, layer)[name]
-        typed = rewrite(loaded.proto, loaded.layers, plan, ranges, ORT_X86, smoothing=smoothing)
+        typed = rewrite(loaded.proto, loaded.layers, plan, ranges, ORT, smoothing=smoothing)
     else:
-        typed = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges(method), ORT_X86)
+        typed = rewrite(loaded.proto, loaded.layers, plan, calibration.ranges(method), ORT)
     reference = [_disabled_session(loaded.proto).run(None, b)[output_index] for b in batches]
     outputs = [_disabled_session(typed).run(None, b)[output_index] for b in batches]
     return 10 ** (-snr_db(outputs, reference) / 10)
@@ -285,7 +290,7 @@ _MLP_INPUTS = [InputSpec("x", (16, 32), "float32")]
 def _calibrated(model: onnx.ModelProto, batches) -> tuple:
     inputs = _MLP_INPUTS if model.graph.input[0].name == "x" else None
     loaded = prepare_model(model, Path("model.onnx"), inputs)
-    tensors = required_ranges(loaded.layers, ORT_X86, loaded.proto)
+    tensors = required_ranges(loaded.layers, ORT, loaded.proto)
     return loaded, calibrate(loaded.proto, tensors, batches, None, "")
 
 
@@ -334,18 +339,18 @@ def _conv_model() -> onnx.ModelProto:
 def test_the_cut_of_a_layer_is_its_nodes_the_rest_of_the_model_and_what_that_reads():
     loaded = prepare_model(tiny_mlp(), Path("mlp.onnx"), _MLP_INPUTS)
     fc3 = next(layer for layer in loaded.layers if layer.name == "fc3")
-    cut = find_cut(loaded.proto, fc3, ORT_X86, "logits")
+    cut = find_cut(loaded.proto, fc3, ORT, "logits")
     assert cut.target == "h3" and [n.name for n in cut.nodes] == ["fc3"] and cut.inputs == ("a2",)
     assert [n.name for n in cut.downstream] == ["residual", "relu3", "head"]
     assert cut.downstream_inputs == ("a2",)  # the residual branch: FP32, fed from the cached activations
     # An output Q/DQ that folds into a sole Relu changes the Relu's output: the probe runs the Relu too.
     convs = prepare_model(_conv_model(), Path("convs.onnx"), None)
     conv1 = next(layer for layer in convs.layers if layer.name == "conv1")
-    cut = find_cut(convs.proto, conv1, ORT_X86, "y")
+    cut = find_cut(convs.proto, conv1, ORT, "y")
     assert cut.target == "r1" and [n.name for n in cut.nodes] == ["conv1", "relu1"]
     assert [n.name for n in cut.downstream] == ["conv2", "relu2"] and cut.reaches_output
     head = next(layer for layer in convs.layers if layer.name == "head")
-    assert not find_cut(convs.proto, head, ORT_X86, "y").reaches_output
+    assert not find_cut(convs.proto, head, ORT, "y").reaches_output
 
 
 @pytest.mark.parametrize(("make", "batches", "output_index"), [(tiny_mlp, _mlp_batches, 0), (_conv_model, None, 0)])
@@ -357,7 +362,7 @@ def test_every_error_equals_that_of_the_whole_model_with_only_that_layer_in_int8
         data = batches()
     loaded, calibration = _calibrated(make(), data)
     chosen = choose_layer_methods(
-        loaded.proto, loaded.layers, ORT_X86, calibration, data, output_index, progress=False, exhaustive=True
+        loaded.proto, loaded.layers, ORT, calibration, data, output_index, progress=False, exhaustive=True
     )
     assert set(chosen.errors) == {layer.name for layer in loaded.layers}
     measured = 0
@@ -373,11 +378,11 @@ def test_the_other_outputs_layers_cannot_move_the_scored_one_and_keep_the_first_
     rng = np.random.default_rng(6)
     data = [{"X": rng.normal(size=(2, 3, 4, 4)).astype(np.float32)} for _ in range(2)]
     loaded, calibration = _calibrated(_conv_model(), data)
-    chosen = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, calibration, data, 0, progress=False)
+    chosen = choose_layer_methods(loaded.proto, loaded.layers, ORT, calibration, data, 0, progress=False)
     assert chosen.methods["head"] == "max"
     assert chosen.errors["head"] == pytest.approx({m: 1e-10 for m in ("max", "percentile", "entropy")})  # SNR cap
     # Scoring ``side`` instead, the head's candidates differ, and conv2 cannot move it.
-    side = choose_layer_methods(loaded.proto, loaded.layers, ORT_X86, calibration, data, 1, progress=False)
+    side = choose_layer_methods(loaded.proto, loaded.layers, ORT, calibration, data, 1, progress=False)
     assert side.errors["head"]["max"] > 1e-9 and max(side.errors["conv2"].values()) == pytest.approx(1e-10)
 
 
@@ -403,7 +408,7 @@ def test_candidates_that_cannot_win_stop_early_and_the_choice_stays_the_same(mon
     batches = [*_batches(), *_batches(seed=7)]
     calibration = _calibration(batches)
     runs = _counting_sessions(monkeypatch)
-    args = (loaded.proto, loaded.layers, ORT_X86, calibration, batches)
+    args = (loaded.proto, loaded.layers, ORT, calibration, batches)
     exact = choose_layer_methods(*args, progress=False, exhaustive=True)
     exhaustive_runs, runs[0] = runs[0], 0
     quick = choose_layer_methods(*args, progress=False)
@@ -421,7 +426,7 @@ def test_progress_goes_to_stderr_only_when_asked_and_the_time_is_logged(tmp_path
     loaded = prepare_model(_fanout_model(), Path("fanout.onnx"), None)
     batches = _batches()
     calibration = _calibration(batches)
-    args = (loaded.proto, loaded.layers, ORT_X86, calibration, batches)
+    args = (loaded.proto, loaded.layers, ORT, calibration, batches)
     with caplog.at_level(logging.INFO, logger="autotune.quant.layerwise"):
         quiet = choose_layer_methods(*args, cache_dir=tmp_path / "quiet", progress=False)
     assert capsys.readouterr() == ("", "")

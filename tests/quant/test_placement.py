@@ -17,14 +17,17 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.backends.onnxruntime import OnnxRuntimeCPU
+from autotune.backends.onnxruntime import OnnxRuntimeCPU, int8_recipe
 from autotune.backends.tensorrt.rules import qdq_problems
 from autotune.model import LoadedModel, prepare_model
 from autotune.plan import Plan
 from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, collect_statistics
 from autotune.quant.layerwise import choose_layer_methods
-from autotune.quant.recipe import ORT_X86, TENSORRT
+from autotune.quant.recipe import TENSORRT
 from autotune.quant.rewrite import required_ranges, rewrite
+
+ORT = int8_recipe()
+"""The ORT backend's recipe on this CPU: int8 weights where its INT8 kernels are exact, else uint8 (or 7-bit) ones."""
 
 C = 8
 SHAPE = [2, C, 8, 8]
@@ -135,13 +138,13 @@ def _feeds(seed: int) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)}
 
 
-def _ranges(loaded: LoadedModel, recipe=ORT_X86) -> dict[str, tuple[float, float]]:
+def _ranges(loaded: LoadedModel, recipe=ORT) -> dict[str, tuple[float, float]]:
     tensors = required_ranges(loaded.layers, recipe, loaded.proto)
     stats = collect_statistics(loaded.proto, tensors, [_feeds(seed) for seed in range(3)])
     return Calibration(stats, DEFAULT_SETTINGS).ranges("max")
 
 
-def _lowered(model: onnx.ModelProto, recipe=ORT_X86, precisions: dict[str, str] | None = None) -> onnx.ModelProto:
+def _lowered(model: onnx.ModelProto, recipe=ORT, precisions: dict[str, str] | None = None) -> onnx.ModelProto:
     loaded = _prepared(model)
     plan = Plan.make(precisions or dict.fromkeys(loaded.layer_names, "int8"))
     typed = rewrite(loaded.proto, loaded.layers, plan, _ranges(loaded, recipe), recipe)
@@ -228,6 +231,7 @@ def test_swish_concat_and_pooling_run_their_integer_kernels():
     assert kernels["DequantizeLinear"] == 1, "the MaxPool runs on the integers too"
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("build", [residual_block, pooled_head, padded_depthwise, swish_concat_pool])
 def test_int8_lowering_computes_the_model(build):
     model = build()
@@ -265,6 +269,7 @@ def test_int8_readers_of_an_int8_output_share_it_instead_of_rounding_it_again():
 # ---- accuracy: what cost all-INT8 ten times quantize_static's drop on EfficientNet-Lite0 -------------------
 
 
+@pytest.mark.int8_numeric
 def test_a_dead_channel_keeps_its_bias_when_the_int32_bias_would_overflow():
     """BatchNorm folding leaves channels with ~0 weights and a large bias; the int32 bias must not clip it."""
     net = _Net(5)
@@ -288,12 +293,12 @@ def test_depthwise_weight_scales_are_per_output_channel_along_axis_0():
         next(init for init in padded_depthwise().graph.initializer if init.name == "depthwise.w")
     )
     assert helper.get_attribute_value(dq.attribute[0]) == 0 and weight.shape == (C, 1, 3, 3)
-    np.testing.assert_allclose(scales, np.abs(weight).reshape(C, -1).max(axis=1) / 127, rtol=1e-6)
+    np.testing.assert_allclose(scales, np.abs(weight).reshape(C, -1).max(axis=1) / ORT.weight_max, rtol=1e-6)
 
 
 def test_relu6_folding_keeps_the_output_range_to_the_clipped_values():
     loaded = _prepared(conv_relu6_conv())
-    assert required_ranges(loaded.layers, ORT_X86, loaded.proto) == ["x", "relu6", "conv2"]
+    assert required_ranges(loaded.layers, ORT, loaded.proto) == ["x", "relu6", "conv2"]
     typed = _lowered(conv_relu6_conv())
     clip = next(node for node in typed.graph.node if node.name == "relu6")
     quantize = next(node for node in typed.graph.node if clip.output[0] in node.input)
@@ -307,7 +312,7 @@ def test_an_int8_pooling_layer_keeps_its_output_grid_within_what_the_integer_ker
     ranges = _ranges(loaded)
     ranges["gap"] = (0.0, ranges["relu6"][1] / 1e5)  # far narrower than an average of its input can need
     plan = Plan.make({"conv": "int8", "gap": "int8"})
-    typed = rewrite(loaded.proto, loaded.layers, plan, ranges, ORT_X86)
+    typed = rewrite(loaded.proto, loaded.layers, plan, ranges, ORT)
     assert _kernels(typed)["QLinearGlobalAveragePool"] == 1
     got = _run(typed, _feeds(2))  # today's clamp-free grid: "parameter out of computation range"
     assert np.isfinite(got).all()
@@ -351,15 +356,16 @@ def test_tensorrt_recipe_quantizes_both_inputs_of_a_residual_add_and_passes_its_
 
 def test_layerwise_calibration_chooses_for_weightless_layers_and_folded_relu6_with_constant_bounds():
     loaded = _prepared(residual_block())
-    tensors = required_ranges(loaded.layers, ORT_X86, loaded.proto)
+    tensors = required_ranges(loaded.layers, ORT, loaded.proto)
     batches = [_feeds(seed) for seed in range(2)]
     calibration = Calibration(collect_statistics(loaded.proto, tensors, batches), DEFAULT_SETTINGS)
     choices = choose_layer_methods(
-        loaded.proto, loaded.layers, ORT_X86, calibration, batches, methods=("max", "percentile"), progress=False
+        loaded.proto, loaded.layers, ORT, calibration, batches, methods=("max", "percentile"), progress=False
     )
     assert set(choices.methods) == set(loaded.layer_names) and "add" in choices.errors
 
 
+@pytest.mark.int8_numeric
 def test_an_fp32_conv_between_int8_convs_keeps_its_float_weights_in_the_backends_session():
     """ONNX Runtime's WeightBiasQuantization would give a float conv fed by a DequantizeLinear per-tensor INT8
     weights; a depthwise conv whose channels differ 1000x in scale then loses its small channels."""

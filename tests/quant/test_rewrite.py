@@ -13,6 +13,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
+from autotune.backends.onnxruntime import int8_recipe
 from autotune.model import Layer, prepare_model
 from autotune.plan import Plan
 from autotune.quant.qparams import (
@@ -202,8 +203,10 @@ def forward(model: onnx.ModelProto, feeds: dict, input_hooks=None, output_hooks=
     return env
 
 
-def _dequantized_weight(w: np.ndarray, axis: int | None, per_channel: bool) -> tuple[np.ndarray, np.ndarray]:
-    q, scales = quantize_weight(w, axis, per_channel)
+def _dequantized_weight(
+    w: np.ndarray, axis: int | None, per_channel: bool, qmax: int = 127
+) -> tuple[np.ndarray, np.ndarray]:
+    q, scales = quantize_weight(w, axis, per_channel, qmax=qmax)
     shape = [1] * w.ndim
     if per_channel:
         shape[axis % w.ndim] = -1
@@ -220,6 +223,9 @@ def _sole_relu_output(model: onnx.ModelProto, tensor: str) -> str | None:
 def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -> dict[str, np.ndarray]:
     """Numpy fake-quant forward of an int8 plan, written independently of rewrite.py.
 
+    Weights are quantized to the recipe's range (``weight_max``: 8 or 7 bits), as the scheme in use does (uint8
+    weights hold the same integers, offset by their zero point).
+
     ``ort_bias`` mimics ORT's optimizer, which quantizes a float Conv bias to int32 (act_scale * w_scale)
     whenever the Conv reads DQ outputs, whatever the graph says.
     """
@@ -235,7 +241,9 @@ def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -
         replace = {}
         w_scales = None
         if layer.weight is not None:
-            replace[layer.weight], w_scales = _dequantized_weight(inits[layer.weight], layer.weight_axis, per_channel)
+            replace[layer.weight], w_scales = _dequantized_weight(
+                inits[layer.weight], layer.weight_axis, per_channel, recipe.weight_max
+            )
         is_conv = layer.op_type in ("Conv", "ConvTranspose")
         quant_out = recipe.quantize_conv_output if is_conv else recipe.quantize_matmul_output
         if is_conv and (quant_out or ort_bias) and layer.bias is not None:
@@ -422,6 +430,7 @@ def test_every_rewrite_passes_the_checker(cases, kind, precision, recipe, granul
     assert [o.name for o in out.graph.output] == [o.name for o in case.model.graph.output]
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm", "qk"])
 def test_mixed_plan_passes_checker_and_runs(cases, kind):
     case = cases[kind]
@@ -430,14 +439,14 @@ def test_mixed_plan_passes_checker_and_runs(cases, kind):
     out = rewrite(case.model, case.layers, plan, case.ranges, ORT_X86)
     check(out)
     int8_only = Plan.make({layer.name: ("int8" if i % 2 == 0 else "fp16") for i, layer in enumerate(case.layers)})
-    out = rewrite(case.model, case.layers, int8_only, case.ranges, ORT_X86)
+    out = rewrite(case.model, case.layers, int8_only, case.ranges, ORT_EXACT)
     check(out)
     try:
         got = run_ort(out, case.feeds)
     except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
         pytest.skip(f"ORT CPU cannot run this fp16/int8 mix: {error}")
     # fp16 layers are close to float, so the int8 fake-quant reference (fp16 layers in float) is close too.
-    reference = int8_reference(case.model, case.layers, int8_only, case.ranges, ORT_X86, case.feeds, ort_bias=True)
+    reference = int8_reference(case.model, case.layers, int8_only, case.ranges, ORT_EXACT, case.feeds, ort_bias=True)
     for name, value in got.items():
         scale = float(np.abs(reference[name]).max())
         np.testing.assert_allclose(value, reference[name], atol=0.02 * scale, err_msg=name)
@@ -454,13 +463,18 @@ LEVELS = {
 }
 
 
+ORT_EXACT = int8_recipe()
+"""ORT_X86 as the ORT backend lowers it on this CPU: int8 weights where its kernels are exact, else uint8 or 7-bit."""
+
 RECIPES = {
-    "ort_x86": ORT_X86,
-    "tensorrt": TENSORRT,
-    "ort_out_no_fold": dataclasses.replace(ORT_X86, quantize_matmul_output=True, fold_activation_into_output=False),
+    "ort_x86": ORT_EXACT,
+    # ORT CPU runs the TensorRT recipe here as a reference executor: with the weight range its kernels compute.
+    "tensorrt": int8_recipe(base=TENSORRT),
+    "ort_out_no_fold": dataclasses.replace(ORT_EXACT, quantize_matmul_output=True, fold_activation_into_output=False),
 }
 
 
+@pytest.mark.int8_numeric
 @pytest.mark.parametrize("kind", ["mlp", "qk", "cnn", "gemm", "deconv", "attn"])
 @pytest.mark.parametrize("recipe_name", list(RECIPES))
 @pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])

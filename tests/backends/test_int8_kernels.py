@@ -1,0 +1,214 @@
+"""The INT8 kernel probe: the ISA features it reads, the verdicts it gives, and the scheme the ORT backend lowers to.
+
+The forced-verdict tests hold on any CPU: they replace the probe's verdict and check that the lowering follows it
+(uint8 weights, then 7-bit ones, where int8 weights saturate) with numbers that match the chosen scheme's numpy
+reference. The ``int8_numeric`` tests run the real probe; CI runs them under ``qemu-x86_64 -cpu Haswell`` too
+(``make test-haswell``), where ONNX Runtime picks the saturating AVX2 kernels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import numpy_helper
+
+from autotune.backends import int8_kernels
+from autotune.backends.int8_kernels import (
+    PATTERNS,
+    PatternResult,
+    choose_recipe,
+    isa_class,
+    isa_features,
+    probe_pattern,
+    scheme_name,
+    scheme_verdicts,
+)
+from autotune.backends.onnxruntime import INT8_SCHEMES, OnnxRuntimeCPU, _probe_session
+from autotune.model import prepare_model
+from autotune.plan import Plan
+from autotune.quant.lowering import Quantization
+from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, ORT_X86_UINT8_WEIGHTS
+from tests.quant.test_rewrite import BUILDERS, RNG_SEED, _feeds, forward, int8_reference
+
+VNNI_OR_AMX = {"avx512_vnni", "avx_vnni", "amx_int8"}
+
+
+def force_verdicts(monkeypatch: pytest.MonkeyPatch, saturating: set[str]) -> None:
+    """Makes the probe find the schemes named in ``saturating`` (``u8s8``, ...) wrong, and the others exact."""
+    monkeypatch.setattr(int8_kernels, "_VERDICTS", {})
+
+    def forced(pattern, recipe, session):
+        wrong = scheme_name(recipe) in saturating
+        return PatternResult(pattern, not wrong, 0.494 if wrong else 0.0)
+
+    monkeypatch.setattr(int8_kernels, "probe_pattern", forced)
+
+
+def int8_weights(graph) -> list[np.ndarray]:
+    """The quantized weights, as the integers they stand for (uint8 ones less their zero point of 128)."""
+    weights = [numpy_helper.to_array(init) for init in graph.initializer if init.name.endswith("__int8")]
+    return [w.astype(np.int16) - (128 if w.dtype == np.uint8 else 0) for w in weights]
+
+
+def weight_dtypes(graph) -> set[str]:
+    return {str(numpy_helper.to_array(init).dtype) for init in graph.initializer if init.name.endswith("__int8")}
+
+
+# ---- ISA features ----------------------------------------------------------------------------------------------
+
+
+def test_isa_features_trust_cpuid_as_numpy_sees_it_and_cpuinfo_for_the_rest(monkeypatch):
+    # Under qemu -cpu Haswell, /proc/cpuinfo is the host's (VNNI) but CPUID, which ORT and numpy read, says AVX2.
+    monkeypatch.setattr(int8_kernels, "_numpy_cpu_features", lambda: {"AVX2": True, "AVX512F": False})
+    monkeypatch.setattr(int8_kernels, "_cpuinfo_flags", lambda: {"avx2", "avx512f", "avx512_vnni", "amx_int8", "sse"})
+    assert isa_features() == ("amx_int8", "avx2", "avx512_vnni")  # numpy knows no VNNI key here: cpuinfo decides
+    monkeypatch.setattr(int8_kernels, "_numpy_cpu_features", lambda: {"AVX2": True, "AVX512VNNI": False})
+    assert isa_features() == ("amx_int8", "avx2", "avx512f")
+
+
+def test_isa_class_names_the_best_int8_kernel_family():
+    assert isa_class(("avx2", "avx512_vnni", "avx512bw", "avx512f")) == "avx512-vnni"
+    assert isa_class(("avx2", "avx_vnni")) == "avx-vnni"
+    assert isa_class(("avx2", "avx512bw", "avx512f")) == "avx512"
+    assert isa_class(("avx2",)) == "avx2"
+    assert isa_class(("amx_int8", "avx2", "avx512_vnni")) == "amx"
+    assert isa_class(("asimddp",)) == "arm-dotprod"
+
+
+def test_the_machine_identity_holds_the_isa_features(tmp_path):
+    from autotune.harness.memory import machine_identity
+    from autotune.testing import tiny_config
+
+    identity = machine_identity(tiny_config(tmp_path))
+    assert identity["isa"] == list(isa_features())
+
+
+# ---- the probe's comparison --------------------------------------------------------------------------------------
+
+
+class _Halving:
+    """A session that returns half of what ONNX Runtime computes: a saturating kernel's worst case."""
+
+    def __init__(self, model):
+        self.session = _probe_session(model)
+
+    def run(self, names, feeds):
+        return [value / 2 for value in self.session.run(names, feeds)]
+
+
+@pytest.mark.int8_numeric
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_kernel_off_by_half_is_saturating_and_the_7bit_scheme_is_exact(pattern):
+    assert not probe_pattern(pattern, ORT_X86_7BIT_WEIGHTS, _Halving).exact
+    # 7-bit weights are exact on every x86 CPU: their u8 x s8 pairs fit int16.
+    result = probe_pattern(pattern, ORT_X86_7BIT_WEIGHTS, _probe_session)
+    assert result.exact and result.worst_relative_error < 0.01, result
+
+
+@pytest.mark.int8_numeric
+def test_the_probe_finds_what_the_cpu_features_say():
+    """VNNI: 8-bit int8 weights are exact. AVX2 without VNNI or AMX (qemu -cpu Haswell): MatMul, Gemm and Conv
+    saturate, depthwise Conv (ORT's own int32 kernel) does not. uint8 and 7-bit weights are exact on both."""
+    verdicts = scheme_verdicts(INT8_SCHEMES, _probe_session, cache_key="test")
+    features = set(isa_features())
+    assert verdicts["u8u8"].exact and verdicts["u8s7"].exact
+    if "avx512_vnni" in features:
+        assert verdicts["u8s8"].exact, verdicts["u8s8"].describe()
+    elif "avx2" in features and not features & VNNI_OR_AMX:
+        wrong = {result.pattern for result in verdicts["u8s8"].results if not result.exact}
+        assert wrong == {"MatMul", "Gemm", "Conv"}, verdicts["u8s8"].describe()
+    else:
+        pytest.skip(f"no expectation for INT8 ISA features {sorted(features)}")
+
+
+# ---- the scheme the backend lowers to, by the probe's verdict ----------------------------------------------------
+
+
+def _prepared(kind: str):
+    rng = np.random.default_rng(RNG_SEED)
+    loaded = prepare_model(BUILDERS[kind](rng), Path("x.onnx"), None)
+    calib = forward(loaded.proto, _feeds(loaded.proto, rng))
+    ranges = {name: (min(float(v.min()), 0.0), max(float(v.max()), 0.0)) for name, v in calib.items()}
+    return loaded, ranges, _feeds(loaded.proto, rng)
+
+
+def _built(kind: str, tmp_path: Path):
+    """An all-INT8 plan of a test model, built by the ORT backend; with its reference inputs."""
+    loaded, ranges, feeds = _prepared(kind)
+    backend = OnnxRuntimeCPU(1)
+    backend.prepare(loaded, loaded.layer_names)
+    plan = Plan.make(dict.fromkeys(loaded.layer_names, "int8"))
+    artifact = backend.build(plan, Quantization(ranges), tmp_path)
+    got = dict(zip(loaded.output_names, backend.run(artifact, feeds), strict=True))
+    return backend, artifact, got, (loaded.proto, loaded.layers, plan, ranges, feeds)
+
+
+def _assert_matches(got, expected, kind):
+    for name, value in got.items():
+        magnitude = float(np.abs(expected[name]).max())
+        err = np.abs(value - expected[name])
+        if kind == "cnn":  # QLinearConv's fixed-point requantization may move a rounding tie by one step
+            assert np.mean(err > 1e-4 * magnitude) < 0.1 and err.max() < 0.02 * magnitude, (name, err.max())
+        else:
+            np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-4 * magnitude, err_msg=name)
+
+
+@pytest.mark.int8_numeric
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm"])
+def test_saturating_int8_weights_lower_to_uint8_weights_on_the_same_grid(monkeypatch, tmp_path, kind):
+    force_verdicts(monkeypatch, saturating={"u8s8"})
+    backend, artifact, got, (model, layers, plan, ranges, feeds) = _built(kind, tmp_path)
+    assert backend.recipe == ORT_X86_UINT8_WEIGHTS
+    assert weight_dtypes(artifact.graph.graph) == {"uint8"}
+    assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == 127
+    # The same integers as int8 weights, so the 8-bit reference; exact U8U8 kernels compute it on every x86 CPU.
+    _assert_matches(got, int8_reference(model, layers, plan, ranges, ORT_X86, feeds, ort_bias=True), kind)
+    arithmetic = backend.int8_arithmetic()
+    assert arithmetic["scheme"] == "u8u8" and arithmetic["weight_range"] == [-127, 127]
+    assert arithmetic["verdicts"]["u8s8"].startswith("u8s8: saturating")
+
+
+@pytest.mark.int8_numeric
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm"])
+def test_saturating_8bit_weights_lower_to_7bit_weights_that_compute_the_7bit_reference(monkeypatch, tmp_path, kind):
+    force_verdicts(monkeypatch, saturating={"u8s8", "u8u8"})
+    backend, artifact, got, (model, layers, plan, ranges, feeds) = _built(kind, tmp_path)
+    assert backend.recipe == ORT_X86_7BIT_WEIGHTS
+    assert weight_dtypes(artifact.graph.graph) == {"int8"}
+    assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == 64
+    _assert_matches(got, int8_reference(model, layers, plan, ranges, backend.recipe, feeds, ort_bias=True), kind)
+    # The 8-bit reference is another result: a lowering that kept 8-bit weights could not pass the check above.
+    eight = int8_reference(model, layers, plan, ranges, ORT_X86, feeds, ort_bias=True)
+    assert any(np.abs(got[name] - eight[name]).max() > 1e-3 * np.abs(eight[name]).max() for name in got)
+    arithmetic = backend.int8_arithmetic()
+    assert arithmetic["scheme"] == "u8s7" and arithmetic["weight_range"] == [-64, 64]
+
+
+@pytest.mark.int8_numeric
+def test_an_exact_verdict_keeps_8bit_weights(monkeypatch, tmp_path):
+    force_verdicts(monkeypatch, saturating=set())
+    backend, artifact, got, (model, layers, plan, ranges, feeds) = _built("mlp", tmp_path)
+    assert backend.recipe == ORT_X86
+    assert weight_dtypes(artifact.graph.graph) == {"int8"}
+    assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == 127
+    if not all(probe_pattern(pattern, ORT_X86, _probe_session).exact for pattern in PATTERNS):  # the real probe
+        pytest.skip("this CPU's 8-bit kernels saturate: the forced verdict cannot compute the 8-bit reference")
+    _assert_matches(got, int8_reference(model, layers, plan, ranges, ORT_X86, feeds, ort_bias=True), "mlp")
+
+
+def test_no_exact_scheme_is_an_error_that_names_the_verdicts(monkeypatch):
+    force_verdicts(monkeypatch, saturating={"u8s8", "u8u8", "u8s7"})
+    with pytest.raises(RuntimeError, match="no INT8 scheme computes exactly.*u8s8: saturating.*u8u8: sat.*u8s7: sat"):
+        _ = OnnxRuntimeCPU(1).recipe
+
+
+def test_the_verdict_is_probed_once_per_process(monkeypatch):
+    force_verdicts(monkeypatch, saturating={"u8s8", "u8u8"})
+    calls = []
+    forced = int8_kernels.probe_pattern
+    monkeypatch.setattr(int8_kernels, "probe_pattern", lambda *args: calls.append(args[0]) or forced(*args))
+    assert OnnxRuntimeCPU(1).recipe == OnnxRuntimeCPU(2).recipe == ORT_X86_7BIT_WEIGHTS
+    assert sorted(calls) == sorted(PATTERNS * len(INT8_SCHEMES))
+    assert choose_recipe(INT8_SCHEMES, scheme_verdicts(INT8_SCHEMES, _probe_session)) == ORT_X86_7BIT_WEIGHTS
