@@ -64,7 +64,10 @@ def fold_weight_constants(model: onnx.ModelProto) -> dict[str, str]:
         if name in initializers or name in folded or name in graph_outputs:
             continue
         chain = _constant_chain(name, graph, producers, initializers)
-        if not chain:
+        # An initializer through Identities alone is how the torch exporter routes a module's second call to the
+        # same weight: that call stays no layer of its own (one static scale calibrated on the first call would
+        # clip the second's input; tests/backends/torch/test_binding.py).
+        if not chain or all(graph.node[index].op_type == "Identity" for index in chain):
             continue
         tensor = _evaluate(model, chain, name, initializers)
         if tensor is None:
