@@ -14,6 +14,7 @@ from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import Surrogate
 from autotune.search.prior import LayerPrior, unsure_groups
+from autotune.search.episode import neighbours
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
@@ -210,6 +211,28 @@ def _model_plans(
         exclude.add(plan.hash)
         plans.append(plan)
     return plans
+
+
+def _unbuilt_plans(
+    config: TuneConfig,
+    space: SearchSpace,
+    surrogate: Surrogate | None,
+    measured: Callable[[], Collection[str]] | None,
+    count: int,
+    seed: int,
+) -> list[Plan]:
+    """Up to ``count`` plans not measured yet: the model's best, else the neighbours of its best plan.
+
+    Without a model of the trials (or the hashes measured) there is nothing to go on: none.
+    """
+    if surrogate is None or measured is None:
+        return []
+    known = set(measured())
+    plans = [p for p in _model_plans(surrogate, space, config.search_budget, count, seed, known) if p.hash not in known]
+    if plans:
+        return plans
+    best = model_best_plan(surrogate, space, config.search_budget, seed=seed)
+    return neighbours(space, best, known, seed=seed)[:count]
 
 
 def _build_all(
@@ -491,6 +514,12 @@ def train(
             model.set_env(real)
             model.learn(rollout, callback=callback, reset_num_timesteps=fresh, log_interval=1)
             fresh = False
+            if builds() < config.budget.builds and callback.stalled >= config.budget.stall_episodes:
+                # A converged policy repeats plans the store answers for free: the budget left goes to plans not
+                # built yet, and the run ends early only when there are none.
+                unbuilt = _unbuilt_plans(config, space, current[0], measured, envs, builds())
+                _build_all(unbuilt, evaluate, evaluate_many, builds, config.budget.builds)
+                callback.stalled = 0 if unbuilt else callback.stalled
             if builds() >= config.budget.builds or callback.stalled >= config.budget.stall_episodes:
                 break
     except KeyboardInterrupt:

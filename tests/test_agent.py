@@ -305,3 +305,31 @@ def test_the_pace_counts_the_time_of_builds_side_by_side():
 
     assert list(pace.evaluate_many(many)(["a", "b"], 2)) == ["a", "b"]
     assert pace.build_s == pytest.approx(3.0) and pace.agent_s == pytest.approx(0.0)
+
+
+def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_yet(tmp_path):
+    # The store answers a repeated plan without a build: a converged policy stalls, and the run must still spend
+    # its budget on plans the model of the trials rates best, ending early only when those run out too.
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    measured: dict[str, object] = {}
+
+    def stored(plan):
+        if plan.hash not in measured:
+            measured[plan.hash] = evaluate(plan)
+        return measured[plan.hash]
+
+    settings = {"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True}
+    config = tiny_config(tmp_path, budget={"builds": 12, "stall_episodes": 1}, ppo=settings)
+    model = _FixedModel()
+    train(
+        config,
+        space,
+        stored,
+        lambda: len(measured),
+        tmp_path / "tb",
+        tmp_path / "ckpt",
+        surrogate=lambda: model,
+        measured=lambda: set(measured),
+    )
+    assert len(measured) == 12

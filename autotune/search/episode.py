@@ -7,7 +7,7 @@ as in HAQ), then each knob with more than one value picks a value. The Gymnasium
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -259,3 +259,30 @@ def actions_from_plan(space: SearchSpace, steps: Sequence[Decision], plan: Plan)
             raise ValueError(f"{value!r} is not an option of step {step}")
         actions.append(step.options.index(value))
     return actions
+
+
+def neighbours(space: SearchSpace, plan: Plan, exclude: Collection[str], seed: int = 0) -> list[Plan]:
+    """The plans one decision away from ``plan`` (a group's precision or a knob's value), none in ``exclude``.
+
+    Args:
+        space: The search space.
+        plan: The plan to step away from; it must be reachable in ``space``.
+        exclude: Hashes of plans to leave out (those measured already).
+        seed: Seeds the order.
+
+    Returns:
+        The neighbours in random order: a caller that builds the first few spreads them over the decisions.
+    """
+    steps = decisions(space)
+    actions = actions_from_plan(space, steps, plan)
+    found: dict[str, Plan] = {}
+    for index, step in enumerate(steps):
+        for option in range(len(step.options)):
+            if option == actions[index]:
+                continue
+            neighbour = plan_from_actions(space, steps, [*actions[:index], option, *actions[index + 1 :]])
+            if neighbour.hash not in exclude:
+                found.setdefault(neighbour.hash, neighbour)
+    plans = list(found.values())
+    order = np.random.default_rng(seed).permutation(len(plans))
+    return [plans[i] for i in order]

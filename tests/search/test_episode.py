@@ -21,6 +21,7 @@ from autotune.search.episode import (
     action_mask,
     actions_from_plan,
     decisions,
+    neighbours,
     observation_size,
     observe,
     plan_from_actions,
@@ -275,3 +276,17 @@ def test_round_trip_property(name, data):
     for i, layer in enumerate(space.layers):
         if i not in searched:
             assert precisions[layer.name] == "fp32"
+
+
+def test_neighbours_differ_in_exactly_one_decision_and_leave_out_the_excluded():
+    space = tiny_space()
+    steps = decisions(space)
+    plan = space.uniform("int8")
+    start = actions_from_plan(space, steps, plan)
+    found = neighbours(space, plan, exclude=())
+    assert len(found) == sum(len(step.options) - 1 for step in steps)
+    for neighbour in found:
+        changed = [a != b for a, b in zip(actions_from_plan(space, steps, neighbour), start, strict=True)]
+        assert sum(changed) == 1
+    left = neighbours(space, plan, exclude={found[0].hash, plan.hash})
+    assert {p.hash for p in left} == {p.hash for p in found[1:]}
