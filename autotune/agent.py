@@ -12,9 +12,9 @@ from autotune.files import atomic_write
 from autotune.interrupt import interrupts_held
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
+from autotune.search.episode import neighbours
 from autotune.search.estimate import Surrogate
 from autotune.search.prior import LayerPrior, unsure_groups
-from autotune.search.episode import neighbours
 from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
