@@ -122,8 +122,9 @@ def base_knobs(floats: tuple[str, ...], attention: tuple[str, ...] = ()) -> list
 
     Args:
         floats: The float precisions the device runs (``fp32`` first).
-        attention: The attention implementations the module can swap between, its own first
-            (``autotune.backends.torch.attention.attention_implementations``); no knob with fewer than two.
+        attention: The attention implementations the module can swap between, its users' default first (SDPA
+            where it runs: ``autotune.backends.torch.attention.attention_implementations``); no knob with fewer
+            than two.
     """
     knobs = []
     if len(floats) > 1:
@@ -147,7 +148,7 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Cap
     ``torch._int_mm`` works) and fp8 (compute capability >= 8.9 and ``torch._scaled_mm`` works); Conv layers take
     fp16 and bf16. The knobs' first values are the defaults, which the FP32 reference uses: ``base_precision``
     offers the float precisions above with ``fp32`` first, and ``attention`` (``base_knobs``) the implementations
-    in ``attention``, the module's own first. No SmoothQuant: the backend rewrites modules, and a smoothed layer's
+    in ``attention``, the users' default first. No SmoothQuant: the backend rewrites modules, and a smoothed layer's
     ranges would not fit its unsmoothed module.
     """
     cc = info.capability or (0, 0)
