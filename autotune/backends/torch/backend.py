@@ -286,9 +286,7 @@ class TorchBackend(Backend):
         capabilities = self.capabilities()
         offered = {knob.name: knob.values for knob in capabilities.knobs}
         bases = offered.get(BASE_PRECISION_KNOB, ("fp32",))
-        names = [
-            name for name, (base, tf32) in REFERENCES.items() if (TF32_KNOB in offered if tf32 else base in bases)
-        ]
+        names = [name for name, (base, tf32) in REFERENCES.items() if (TF32_KNOB in offered if tf32 else base in bases)]
         fp8_linears = any("fp8" in choices for choices in capabilities.precisions.values())
         if self.info.is_cuda and fp8_linears and TORCHAO_FP8_BASE in bases and torchao_installed():
             names.append(TORCHAO_FP8_REFERENCE)
