@@ -133,6 +133,19 @@ def test_the_base_precision_knob_offers_what_the_device_runs_fp32_first():
     assert "attention" not in {k.name for k in torch_capabilities(_cuda((9, 0)), ("eager",)).knobs}
 
 
+def test_the_numerically_neutral_knobs_are_free_and_the_others_searched():
+    knobs = torch_capabilities(_cuda((9, 0)), ("sdpa", "eager")).knobs
+    assert {k.name for k in knobs if k.free} == {"attention", "cuda_graphs", "cudnn_benchmark"}
+    # TF32 and the base change the numbers; gemm_backends acts in max-autotune only, which no seed runs
+    assert {k.name for k in knobs if not k.free} == {"mode", "gemm_backends", "tf32", "base_precision"}
+    restricted = build_space(
+        [_layer("/fc1/Gemm", "a")],
+        Capabilities({"Gemm": ("fp32",)}, knobs),
+        SearchSpaceConfig(knobs={"cuda_graphs": [True]}),
+    )
+    assert [k.name for k in restricted.free_knobs] == ["cudnn_benchmark", "attention"]  # one value: nothing to fix
+
+
 def test_uniform_plans_set_the_knobs_that_follow_the_precision():
     layers = [_layer("/fc1/Gemm", "a"), _layer("/fc2/Gemm", "b")]
     capabilities = Capabilities(
