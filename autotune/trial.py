@@ -35,6 +35,10 @@ class TrialResult:
         build_s: Seconds to rewrite and build.
         total_s: Seconds for the whole trial.
         protocol: The latency protocol used.
+        back_to_back_ms: Per launch, timed back to back (``Backend.time_back_to_back``: the median of
+            ``BACK_TO_BACK_ROUNDS`` timings of ``BACK_TO_BACK_LAUNCHES`` launches); confirmations only, where the
+            backend has such a timer, else None. ``latency_ms`` times one launch at a time.
+        reference_back_to_back_ms: FP32's, timed the same way in the same call.
         split: The data the accuracy was measured on.
         artifact: Path of the built model, when it was kept.
         created_at: Unix time of the measurement.
@@ -57,6 +61,8 @@ class TrialResult:
     build_s: float = 0.0
     total_s: float = 0.0
     protocol: dict[str, int] = field(default_factory=dict)
+    back_to_back_ms: float | None = None
+    reference_back_to_back_ms: float | None = None
     split: str = "evaluation"
     artifact: str | None = None
     created_at: float = field(default_factory=time.time)

@@ -122,7 +122,9 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
     Returns:
         ``references`` (name to metrics, status and error), ``best_reference`` (the fastest one-liner within the
         accuracy budget, or None), ``winner_over_best_reference`` (the winner's speedup over FP32 divided by that
-        one-liner's) and ``reference_note``: one line when a one-liner within the budget is faster than the
+        one-liner's: one launch at a time), ``winner_over_best_reference_back_to_back`` (the fastest one-liner
+        within the budget back to back, its latency per launch over the winner's; None where the backend has no
+        such timer) and ``reference_note``: one line when a one-liner within the budget is faster than the
         winner, else None. The winner is exported either way: the user decides.
     """
     references = store.references()
@@ -143,10 +145,13 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
                 f"{winner.speedup or 0.0:.2f}x over FP32, held-out data); the winner is exported as ranked: "
                 f"compare them with `autotune evaluate CONFIG --plan {name}`"
             )
+    back_to_back = [r.back_to_back_ms for _, r in within if r.back_to_back_ms]
+    back_to_back_ratio = min(back_to_back) / winner.back_to_back_ms if back_to_back and winner.back_to_back_ms else None
     return {
         "references": rows,
         "best_reference": best[0] if best else None,
         "winner_over_best_reference": ratio,
+        "winner_over_best_reference_back_to_back": back_to_back_ratio,
         "reference_note": note,
     }
 
@@ -204,6 +209,8 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
         "accuracy_drop": result.accuracy_drop,
         "fidelity": result.fidelity,
         "protocol": result.protocol,
+        "back_to_back_ms": result.back_to_back_ms,
+        "reference_back_to_back_ms": result.reference_back_to_back_ms,
     }
 
 

@@ -198,6 +198,7 @@ def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(t
         assert row["split"] == "holdout" and row["protocol"] == {"warmup": 1, "repeats": 4, "rounds": 1}
         assert row["speedup"] > 0 and row["accuracy_drop"] is not None
     assert summary["builds"] == 3  # the one-liners spend no build of the search
+    assert summary["winner"]["back_to_back_ms"] is None  # ONNX Runtime has no back-to-back timer
     with TrialStore(config.run_dir / "trials.sqlite") as store:
         assert len(store) == 3
         stored = {name: result.to_dict() for name, result in store.references().items()}
@@ -266,11 +267,31 @@ def test_the_summary_says_so_when_a_one_liner_beats_the_winner_within_the_budget
         assert (
             "ort-static beats the winner" in rows["reference_note"] and "1.50x against 1.20x" in rows["reference_note"]
         )
+        assert rows["winner_over_best_reference_back_to_back"] is None  # no back-to-back timer: no ratio
         with pytest.raises(ValueError, match="not a reference plan"):
             store.put_reference(winner)
     winner.speedup = 1.6
     with TrialStore(tmp_path / "t.sqlite") as store:
         assert reference_rows(store, winner, accuracy_budget=0.01)["reference_note"] is None
+
+
+def test_the_back_to_back_ratio_is_the_fastest_one_liner_within_the_budget_over_the_winner(tmp_path):
+    from autotune.tune import reference_rows
+
+    layers = ["fc1", "fc2"]
+    winner = TrialResult(plan=Plan.uniform(layers, "fp8"), speedup=2.0, accuracy_drop=0.001, back_to_back_ms=4.0)
+    rows_of = {"torch-bf16": (1.8, 0.0, 5.0), "torch-fp16": (1.7, 0.0, 4.8), "torchao-fp8": (2.2, 0.5, 3.0)}
+    with TrialStore(tmp_path / "t.sqlite") as store:
+        for name, (speedup, drop, pipelined) in rows_of.items():
+            result = TrialResult(
+                plan=Plan.reference_plan(layers, name), speedup=speedup, accuracy_drop=drop, back_to_back_ms=pipelined
+            )
+            store.put_reference(result)
+        rows = reference_rows(store, winner, accuracy_budget=0.01)
+    assert rows["best_reference"] == "torch-bf16" and rows["winner_over_best_reference"] == pytest.approx(2.0 / 1.8)
+    # back to back, FP16 is the faster one-liner within the budget; torchao-fp8 (over the budget) does not count
+    assert rows["winner_over_best_reference_back_to_back"] == pytest.approx(4.8 / 4.0)
+    assert rows["references"]["torch-fp16"]["back_to_back_ms"] == 4.8
 
 
 def test_confirm_references_picks_the_one_liners_and_rejects_unknown_ones(tmp_path):

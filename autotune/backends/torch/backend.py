@@ -34,7 +34,7 @@ from autotune.backends.torch.device import (
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.layer_probe import TorchLayerProbe
 from autotune.backends.torch.modules import module_choices, rewrite_module
-from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_launch
+from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_back_to_back, time_launch
 from autotune.backends.torch.torchao_linear import TORCHAO, torchao
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
@@ -348,6 +348,10 @@ class TorchBackend(Backend):
         The feeds are copied in only when they are not the ones staged last, and the copy is not timed.
         """
         return time_launch(artifact, feeds)
+
+    def time_back_to_back(self, artifact: TorchArtifact, feeds: Mapping[str, np.ndarray], launches: int) -> float:
+        """Milliseconds per launch of ``launches`` launches back to back: CUDA events around them all."""
+        return time_back_to_back(artifact, feeds, launches)
 
     # -- export
 
