@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.backends.torch.device import ATTENTION_KNOB, BASE_PRECISION_KNOB, DeviceInfo
 from autotune.backends.torch.modules import ModuleChoice, rewrite_module
-from autotune.backends.torch.runtime import TorchArtifact
+from autotune.backends.torch.runtime import TorchArtifact, apply_flags, make_artifact
 from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS
 from autotune.files import atomic_write
 from autotune.plan import Plan
@@ -155,3 +155,83 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
         module.load_state_dict(state, strict=True)
     return module.to(device).eval()
+
+
+class LoadedEngine:
+    """An exported plan compiled, warmed up and captured as the run built it: call it with the model's inputs.
+
+    ``load_engine`` makes it. A call copies the inputs into the engine's static input tensors, runs the module
+    once (replays its CUDA graph where the build captured one) on the engine's stream and returns the outputs on
+    the device; the caller's current stream waits for them, so a later kernel or ``.cpu()`` sees them finished.
+    With a CUDA graph the outputs are the graph's own tensors, which the next call overwrites: clone what you keep.
+
+    Attributes:
+        artifact: The built module (``autotune.backends.torch.runtime.TorchArtifact``).
+    """
+
+    def __init__(self, artifact: Any):
+        self.artifact = artifact
+
+    @property
+    def input_names(self) -> list[str]:
+        """The inputs in order; a call takes them by position or by name."""
+        return list(self.artifact.input_names)
+
+    def __call__(self, *inputs: Any, **named: Any) -> Any:
+        """Runs once: the output tensor, or a list of them where the model has several.
+
+        Raises:
+            TypeError: An input is missing or unknown.
+            ValueError: An input's shape differs from the one the engine was built for.
+        """
+        import contextlib
+
+        import torch
+
+        artifact = self.artifact
+        feeds = dict(zip(self.input_names, inputs, strict=False)) | named
+        if len(inputs) > len(self.input_names) or set(feeds) != set(self.input_names):
+            raise TypeError(f"the engine takes {self.input_names}, got {len(inputs)} positional and {sorted(named)}")
+        apply_flags(artifact)
+        stream = artifact.stream
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(artifact.device))  # inputs written by the caller's stream
+        with torch.no_grad(), context:
+            for index, name in enumerate(self.input_names):
+                value = torch.as_tensor(feeds[name])
+                target = artifact.inputs[index]
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(f"input {name!r}: built for {list(target.shape)}, got {list(value.shape)}")
+                target.copy_(value, non_blocking=True)
+            outputs = artifact.launch()
+        artifact.staged = None  # the backend's timer must stage its own feeds again
+        if stream is not None:
+            torch.cuda.current_stream(artifact.device).wait_stream(stream)
+        return outputs[0] if len(outputs) == 1 else list(outputs)
+
+
+def load_engine(out_dir: str | Path, device: str | None = None) -> LoadedEngine:
+    """The exported plan as the run measured it: ``load_exported``, then compiled and captured with its knobs.
+
+    The knobs are the manifest's (``mode``, ``cuda_graphs``, ``tf32``, ``cudnn_benchmark``, ...), and the build
+    is the backend's own (``runtime.make_artifact``): the same ``torch.compile`` call, warm-up and CUDA graph
+    capture, on a stream of its own, as the trial that was timed.
+
+    Args:
+        out_dir: The export directory (``manifest.json``, ``module_state.pt``).
+        device: Where to run; default the device the run built for (``manifest.json``'s ``device``).
+
+    Raises:
+        BuildError: The rebuilt module's compile or capture failed.
+    """
+    from autotune.model import InputSpec
+
+    manifest = json.loads((Path(out_dir) / "manifest.json").read_text())
+    device = device or str(manifest.get("device", {}).get("device", "cpu"))
+    module = load_exported(out_dir, "cpu")
+    inputs = [InputSpec(spec["name"], tuple(spec["shape"]), spec["dtype"]) for spec in manifest["inputs"]]
+    knobs = dict(manifest["knobs"])
+    if not device.startswith("cuda"):  # the CPU runs eager, as every CPU build
+        knobs["mode"] = "eager"
+    return LoadedEngine(make_artifact(module, inputs, device, knobs, []))
