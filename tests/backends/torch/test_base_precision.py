@@ -305,7 +305,10 @@ def test_gpu_base_precision_plans_and_one_liners(cuda_runner):
     feeds = cuda_runner.datasets["evaluation"].batches[0]
     expected = backend.run(cuda_runner.reference, feeds)[0]
     if backend.info.capability >= (8, 0):  # TF32 and bf16 from Ampere on
-        assert backend.references() == ("torch-tf32", "torch-fp16", "torch-bf16")
+        from autotune.backends.torch.backend import torchao_installed
+
+        fp8 = backend.info.capability >= (8, 9) and torchao_installed()  # torchao's FP8 one-liner from Ada on
+        assert backend.references() == ("torch-tf32", "torch-fp16", "torch-bf16", *(("torchao-fp8",) if fp8 else ()))
     layers = space.layer_names
     plans = [space.uniform("fp16"), space.plan({layers[0]: "fp32", layers[1]: "fp16"}, {"base_precision": "fp16"})]
     if "int8" in space.choices[0]:
