@@ -161,9 +161,10 @@ class LoadedEngine:
     """An exported plan compiled, warmed up and captured as the run built it: call it with the model's inputs.
 
     ``load_engine`` makes it. A call copies the inputs into the engine's static input tensors, runs the module
-    once (replays its CUDA graph where the build captured one) on the engine's stream and returns the outputs on
-    the device; the caller's current stream waits for them, so a later kernel or ``.cpu()`` sees them finished.
-    With a CUDA graph the outputs are the graph's own tensors, which the next call overwrites: clone what you keep.
+    once and returns the outputs on the device, ordered on the caller's current stream (a later kernel or
+    ``.cpu()`` sees them finished). Where the build captured a CUDA graph, the call is the copies and one replay
+    on the caller's stream; the outputs are then the graph's own tensors, which the next call overwrites: clone
+    what you keep.
 
     Attributes:
         artifact: The built module (``autotune.backends.torch.runtime.TorchArtifact``).
@@ -180,35 +181,56 @@ class LoadedEngine:
     def __call__(self, *inputs: Any, **named: Any) -> Any:
         """Runs once: the output tensor, or a list of them where the model has several.
 
+        With a CUDA graph, the inputs are copied in and the graph replayed on the caller's current stream, and
+        nothing else runs on the host: what the trial timed (one replay) plus the copies. Without one, the module
+        runs on the engine's stream with the build's flags, and the caller's stream waits for it.
+
         Raises:
             TypeError: An input is missing or unknown.
             ValueError: An input's shape differs from the one the engine was built for.
         """
+        import torch
+
+        artifact = self.artifact
+        names = artifact.input_names
+        if named or len(inputs) != len(names):
+            feeds = dict(zip(names, inputs, strict=False)) | named
+            if len(inputs) > len(names) or set(feeds) != set(names):
+                raise TypeError(f"the engine takes {list(names)}, got {len(inputs)} positional and {sorted(named)}")
+            inputs = tuple(feeds[name] for name in names)
+        values = [value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in inputs]
+        for name, value, target in zip(names, values, artifact.inputs, strict=True):
+            if value.shape != target.shape:
+                raise ValueError(f"input {name!r}: built for {list(target.shape)}, got {list(value.shape)}")
+        artifact.staged = None  # the backend's timer must stage its own feeds again
+        if artifact.graph is not None:  # the captured kernels need no flags, no grad mode and no stream of ours
+            for value, target in zip(values, artifact.inputs, strict=True):
+                target.copy_(value, non_blocking=True)
+            artifact.graph.replay()
+            outputs = artifact.outputs
+        else:
+            outputs = self._run_module(values)
+        return outputs[0] if len(outputs) == 1 else list(outputs)
+
+    def _run_module(self, values: list[Any]) -> list[Any]:
+        """Runs the module (no CUDA graph) on the engine's stream with the build's flags."""
         import contextlib
 
         import torch
 
         artifact = self.artifact
-        feeds = dict(zip(self.input_names, inputs, strict=False)) | named
-        if len(inputs) > len(self.input_names) or set(feeds) != set(self.input_names):
-            raise TypeError(f"the engine takes {self.input_names}, got {len(inputs)} positional and {sorted(named)}")
         apply_flags(artifact)
         stream = artifact.stream
         context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(artifact.device))  # inputs written by the caller's stream
         with torch.no_grad(), context:
-            for index, name in enumerate(self.input_names):
-                value = torch.as_tensor(feeds[name])
-                target = artifact.inputs[index]
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(f"input {name!r}: built for {list(target.shape)}, got {list(value.shape)}")
+            for value, target in zip(values, artifact.inputs, strict=True):
                 target.copy_(value, non_blocking=True)
             outputs = artifact.launch()
-        artifact.staged = None  # the backend's timer must stage its own feeds again
         if stream is not None:
             torch.cuda.current_stream(artifact.device).wait_stream(stream)
-        return outputs[0] if len(outputs) == 1 else list(outputs)
+        return outputs
 
 
 def load_engine(out_dir: str | Path, device: str | None = None) -> LoadedEngine:

@@ -83,35 +83,42 @@ def test_autotune_load_gives_back_a_callable_built_with_the_exported_knobs(runne
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_the_loaded_engine_runs_at_the_trials_speed(cuda_runner, tmp_path):
-    """``autotune.load`` is compiled and captured as the trial was: one call within 5 % of the trial's latency."""
+    """``autotune.load`` is compiled and captured as the trial was, and a call adds nothing but the input copies.
+
+    Its launch, timed as trials are, is within 5 % of a fresh trial build's, interleaved; a user's call (events
+    around ``engine(x)``) is within 5 % of the least a caller can do: the input copy and one replay, inline.
+    """
     import autotune
-    from autotune.measure import Protocol
+    from autotune.backends.torch.runtime import time_launch
 
     plan = cuda_runner.space.uniform("fp16")
-    result = cuda_runner.run(plan, protocol=Protocol(warmup=10, repeats=100, rounds=3))
-    assert result.ok, result.error
     cuda_runner.export(plan, tmp_path / "export")
     engine = autotune.load(tmp_path / "export")
-    assert engine.artifact.graph is not None and engine.artifact.knobs == result_knobs(cuda_runner, plan)
+    built = cuda_runner.build(plan, tmp_path)
+    assert engine.artifact.graph is not None and engine.artifact.knobs == built.knobs
     feeds = cuda_runner.datasets["evaluation"].batches[0]
     x = torch.from_numpy(feeds["x"]).cuda()
-    np.testing.assert_allclose(
-        engine(x).float().cpu().numpy(), cuda_runner.backend.run(cuda_runner.build(plan, tmp_path), feeds)[0], 1e-3
-    )
+    np.testing.assert_allclose(engine(x).float().cpu().numpy(), cuda_runner.backend.run(built, feeds)[0], 1e-3)
+    loaded, trial = [], []
+    for _ in range(300):  # interleaved, so drift falls on both alike
+        loaded.append(time_launch(engine.artifact, feeds))
+        trial.append(time_launch(built, feeds))
+    assert np.median(loaded[100:]) <= 1.05 * np.median(trial[100:]), (np.median(loaded), np.median(trial))
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(300):  # the user's timing: events around one call, the input already on the GPU
-        start.record()
-        engine(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    loaded_ms = float(np.median(times[100:]))
-    # The call also copies its input into the graph's (a few microseconds, outside the trial's timing): on the
-    # tiny test model that is more than 5 % of a launch, so it gets an absolute allowance of its own.
-    assert loaded_ms <= result.latency_ms * 1.05 + 0.02, (loaded_ms, result.latency_ms)
+    graph, static = engine.artifact.graph, engine.artifact.inputs[0]
 
+    def inline():
+        static.copy_(x, non_blocking=True)
+        graph.replay()
 
-def result_knobs(runner, plan):
-    """The backend knobs a build of ``plan`` runs with."""
-    return runner.backend.knob_values(plan.knob_map)
+    calls, least = [], []
+    for _ in range(300):
+        for run, times in ((lambda: engine(x), calls), (inline, least)):
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    # the shape checks cost the host a few microseconds, which a model this small shows in full
+    assert np.median(calls[100:]) <= 1.05 * np.median(least[100:]) + 0.01, (np.median(calls), np.median(least))
