@@ -33,6 +33,8 @@ class TrialResult:
         accuracy_drop: ``reference_accuracy - accuracy``, in the metric's units.
         fidelity: Cosine, top-1 agreement and SNR against the FP32 outputs.
         build_s: Seconds to rewrite and build.
+        build_stages_s: Where ``build_s`` went, stage to seconds, where the backend says (the torch backend's
+            ``TorchArtifact.build_stages_s``); empty otherwise.
         total_s: Seconds for the whole trial.
         protocol: The latency protocol used.
         back_to_back_ms: Per launch, timed back to back (``Backend.time_back_to_back``: the median of
@@ -59,6 +61,7 @@ class TrialResult:
     accuracy_drop: float | None = None
     fidelity: dict[str, float] = field(default_factory=dict)
     build_s: float = 0.0
+    build_stages_s: dict[str, float] = field(default_factory=dict)
     total_s: float = 0.0
     protocol: dict[str, int] = field(default_factory=dict)
     back_to_back_ms: float | None = None

@@ -214,6 +214,7 @@ class TrialRunner:
                 accuracy_drop=self.reference_accuracy[split] - item.accuracy,
                 fidelity=fidelity(item.outputs, self.reference_outputs[split]),
                 build_s=item.build_s,
+                build_stages_s=dict(getattr(item.artifact, "build_stages_s", None) or {}),
                 total_s=item.scored_s + seconds,
                 protocol=protocol.to_dict(),
                 back_to_back_ms=pipelined,

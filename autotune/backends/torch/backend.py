@@ -11,6 +11,7 @@ would pick it; torchao's FP8 dynamic one-liner where the GPU has FP8), measured 
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -246,6 +247,7 @@ class TorchBackend(Backend):
         """
         attention = knobs.get(ATTENTION_KNOB)
         self._release_memory()
+        started = time.perf_counter()
         try:
             module = rewrite_module(
                 self.fp32_module(),
@@ -258,7 +260,10 @@ class TorchBackend(Backend):
             )
             if quantize is not None:
                 quantize(module)
-            return make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
+            rewrite_s = time.perf_counter() - started
+            artifact = make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
+            artifact.build_stages_s = {"rewrite": rewrite_s, **artifact.build_stages_s}
+            return artifact
         except BuildError:
             raise
         except Exception as error:  # noqa: BLE001 - compile, capture and kernel errors come in many types

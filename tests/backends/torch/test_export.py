@@ -24,6 +24,9 @@ def test_an_int8_trial_runs_and_exports_a_loadable_module(runner, tmp_path):
     assert result.ok, result.error
     assert abs(result.accuracy_drop) <= 0.1 and result.fidelity["cosine"] > 0.99
     assert result.latency_ms > 0 and result.reference_latency_ms > 0
+    stages = result.build_stages_s  # where the build time went: on the CPU no warm-up and no graph
+    assert list(stages) == ["rewrite", "to_device", "first_call"] and all(t >= 0 for t in stages.values())
+    assert sum(stages.values()) <= result.build_s
     fp32 = runner.backend.fp32_module()
     assert type(fp32.fc1) is nn.Linear and type(fp32.fc2) is nn.Linear  # builds rewrite copies
 
@@ -50,6 +53,7 @@ def test_gpu_trial_and_export(cuda_runner, tmp_path):
     result = cuda_runner.run(plan)
     assert result.ok, result.error
     assert result.fidelity["cosine"] > 0.99 and result.latency_ms > 0
+    assert list(result.build_stages_s) == ["rewrite", "to_device", "first_call", "warmup", "capture"]
     files = cuda_runner.export(plan, tmp_path / "export")
     assert Path(files[0]).name == "module_state.pt"
     feeds = cuda_runner.datasets["evaluation"].batches[0]
