@@ -68,6 +68,13 @@ TORCHAO_FP8_BASE = "bf16"
 """The dtype of the module torchao's FP8 one-liner quantizes: torchao's FP8 recipes are written for BF16 models."""
 
 
+def has_convolutions(module: Any) -> bool:
+    """True when ``module`` holds a convolution (``nn.Conv1d/2d/3d`` or a transposed one), what cuDNN's search tunes."""
+    from torch import nn
+
+    return any(isinstance(sub, nn.modules.conv._ConvNd) for sub in module.modules())
+
+
 def torchao_installed() -> bool:
     """True when torchao can be imported (checked without importing it)."""
     import importlib.util
@@ -137,11 +144,15 @@ class TorchBackend(Backend):
     def capabilities(self) -> Capabilities:
         """Precisions and knobs of this device, torch and module (``torch_capabilities``); no SmoothQuant.
 
-        The ``attention`` knob depends on the module (``attention_implementations``), so the first call makes the
-        factory's module; ``prepare`` needs it anyway.
+        The ``attention`` knob depends on the module (``attention_implementations``), and whether
+        ``cudnn_benchmark`` is free on whether it has convolutions, so the first call makes the factory's module;
+        ``prepare`` needs it anyway.
         """
         if self._capabilities is None:
-            self._capabilities = torch_capabilities(self.info, attention_implementations(self.fp32_module()))
+            module = self.fp32_module()
+            self._capabilities = torch_capabilities(
+                self.info, attention_implementations(module), has_convolutions(module)
+            )
         return self._capabilities
 
     def fp32_module(self) -> Any:

@@ -143,7 +143,7 @@ def base_knobs(floats: tuple[str, ...], attention: tuple[str, ...] = ()) -> list
     return knobs
 
 
-def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Capabilities:
+def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convolutions: bool = True) -> Capabilities:
     """Precisions per op type and knobs for a device. Pure.
 
     Linear layers (MatMul, Gemm) take fp16, bf16 (compute capability >= 8.0 on CUDA), int8 (where
@@ -153,8 +153,9 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Cap
     in ``attention``, the users' default first. ``attention``, ``cuda_graphs`` and ``cudnn_benchmark`` are free
     (``Knob.free``: their values differ at rounding level only), so a run fixes them after the uniform seeds;
     ``gemm_backends`` is not, although numerically neutral: it acts in max-autotune mode only, which a seed does not
-    run, so a seed's timing of it would be noise. No SmoothQuant: the backend rewrites modules, and a smoothed layer's
-    ranges would not fit its unsmoothed module.
+    run, so a seed's timing of it would be noise. Neither is ``cudnn_benchmark`` where the module has no
+    convolution (``convolutions`` False): there it changes nothing, and a build to time it would be spent on noise.
+    No SmoothQuant: the backend rewrites modules, and a smoothed layer's ranges would not fit its unsmoothed module.
     """
     cc = info.capability or (0, 0)
     floats = ["fp32"]
@@ -198,7 +199,10 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Cap
         knobs.append(Knob(TF32_KNOB, (False, True), "FP32 matmuls and convolutions on TF32 tensor cores"))
     knobs.append(
         Knob(
-            CUDNN_BENCHMARK_KNOB, (True, False), "cuDNN times its convolution algorithms and keeps the best", free=True
+            CUDNN_BENCHMARK_KNOB,
+            (True, False),
+            "cuDNN times its convolution algorithms and keeps the best",
+            free=convolutions,
         )
     )
     knobs += base_knobs(tuple(floats), attention)

@@ -138,6 +138,11 @@ def test_the_numerically_neutral_knobs_are_free_and_the_others_searched():
     assert {k.name for k in knobs if k.free} == {"attention", "cuda_graphs", "cudnn_benchmark"}
     # TF32 and the base change the numbers; gemm_backends acts in max-autotune only, which no seed runs
     assert {k.name for k in knobs if not k.free} == {"mode", "gemm_backends", "tf32", "base_precision"}
+    without_convolutions = torch_capabilities(_cuda((9, 0)), ("sdpa", "eager"), convolutions=False).knobs
+    assert {k.name for k in without_convolutions if k.free} == {"attention", "cuda_graphs"}  # cuDNN tunes nothing
+    from autotune.backends.torch.backend import has_convolutions
+
+    assert has_convolutions(tiny_torch_cnn()) and not has_convolutions(tiny_torch_mlp())
     restricted = build_space(
         [_layer("/fc1/Gemm", "a")],
         Capabilities({"Gemm": ("fp32",)}, knobs),
@@ -157,6 +162,11 @@ def test_uniform_plans_set_the_knobs_that_follow_the_precision():
     assert space.uniform("bf16", {"base_precision": "fp32"}).knob("base_precision") == "fp32"  # explicit wins
     assert space.uniform("int8").knob("base_precision") == "fp32"  # no int8 base: the default
     assert space.uniform("fp32") == space.plan()  # the FP32 reference is unchanged
+    without_convolutions = torch_capabilities(_cuda((9, 0)), ("sdpa", "eager"), convolutions=False).knobs
+    assert {k.name for k in without_convolutions if k.free} == {"attention", "cuda_graphs"}  # cuDNN tunes nothing
+    from autotune.backends.torch.backend import has_convolutions
+
+    assert has_convolutions(tiny_torch_cnn()) and not has_convolutions(tiny_torch_mlp())
     restricted = build_space(layers, capabilities, SearchSpaceConfig(knobs={"base_precision": ["fp32", "bf16"]}))
     assert restricted.uniform("fp16").knob("base_precision") == "fp32"  # not offered: left at the default
     assert restricted.uniform("bf16").knob("base_precision") == "bf16"
