@@ -19,12 +19,18 @@ class Knob:
         follows_precision: The knob's values are precision names, and a uniform plan of one of them
             (``SearchSpace.uniform``) sets the knob to it too: the torch backend's ``base_precision``, so that
             "all FP16" means the whole module in FP16, not only its tunable layers.
+        free: The knob's values change the outputs at rounding level only (an attention kernel, CUDA graph
+            capture, cuDNN's algorithm search): it costs no accuracy, so a run measures its values once on the
+            fastest uniform seed and fixes the fastest for every later plan (``autotune.tune.fix_free_knobs``)
+            instead of searching it. A knob that changes the numbers (TF32, a base precision) or whose effect
+            depends on the rest of the plan is not free.
     """
 
     name: str
     values: tuple[KnobValue, ...]
     description: str = ""
     follows_precision: bool = False
+    free: bool = False
 
     @property
     def default(self) -> KnobValue:

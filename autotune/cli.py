@@ -105,20 +105,29 @@ def _summary_row(label: str, row: dict) -> str:
     if row.get("status", "ok") != "ok" or row.get("speedup") is None:
         error = str(row.get("error") or "no result").strip().splitlines()
         return f"{label:<12} failed: {error[-1] if error else 'no result'}"
+    back_to_back = row.get("back_to_back_ms")
     return (
         f"{label:<12} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
-        f"{row['accuracy_drop']:>9.4g}"
+        f"{row['accuracy_drop']:>9.4g}" + (f" {back_to_back:>11.3f}" if back_to_back else "")
     )
 
 
 def _print_summary(summary: dict) -> None:
     winner, reference = summary["winner"], summary.get("fp32_reference") or {}
     print(f"\nwinner (rank {summary['rank']}): {summary['plan']}")
-    print(f"{'':<12} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}   (held-out data, confirmed)")
+    pipelined = f" {'ms b2b':>11}" if winner.get("back_to_back_ms") else ""  # 20 launches back to back, per launch
+    print(
+        f"{'':<12} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}{pipelined}   (held-out data, confirmed)"
+    )
     rows = [("fp32", reference), *(summary.get("references") or {}).items(), ("winner", winner)]
     for label, row in rows:
         if row:
             print(_summary_row(label, row))
+    best, ratio = summary.get("best_reference"), summary.get("winner_over_best_reference")
+    if best and ratio:
+        pipelined_ratio = summary.get("winner_over_best_reference_back_to_back")
+        both = f", {pipelined_ratio:.2f}x back to back" if pipelined_ratio else ""
+        print(f"winner against the fastest one-liner within the budget ({best}): {ratio:.2f}x one launch{both}")
     if summary.get("reference_note"):
         print(f"note: {summary['reference_note']}")
     check = (summary.get("self_check") or {}).get("confirmation")

@@ -261,23 +261,40 @@ def _reference_lines(data: RunData, winner: TrialResult | None) -> list[str]:
     if not data.references:
         return []
     budget = data.config.accuracy_budget
+    # Backends with a back-to-back timer (Backend.time_back_to_back) get the second timing in two more columns.
+    back_to_back = bool(winner and winner.back_to_back_ms)
+    header = "| one-liner | speedup | drop | within budget | winner's speedup over it |"
+    if back_to_back:
+        header += " ms one launch | ms back to back | winner over it back to back |"
     lines = [
         "",
         "## The platform's one-liners (held-out data, longer protocol)",
         "",
-        "| one-liner | speedup | drop | within budget | winner's speedup over it |",
-        "|---|---|---|---|---|",
+        header,
+        "|---" * header.count(" | ") + "|---|",
     ]
+    if back_to_back and winner is not None:
+        lines.append(
+            f"| (the winner) | {_fmt(winner.speedup, '.3f')} | {_fmt(winner.accuracy_drop, '.5f')} | - | - "
+            f"| {_fmt(winner.latency_ms, '.3f')} | {_fmt(winner.back_to_back_ms, '.3f')} | - |"
+        )
     for name, result in data.references.items():
         if not result.ok:
             error = (result.error or "failed").strip().splitlines()[-1].replace("|", "/")
-            lines.append(f"| {name} | failed: {error} | - | no | - |")
+            lines.append(f"| {name} | failed: {error} | - | no | - |" + (" - | - | - |" if back_to_back else ""))
             continue
         ratio = winner.speedup / result.speedup if winner and winner.speedup and result.speedup else None
-        lines.append(
+        row = (
             f"| {name} | {_fmt(result.speedup, '.3f')} | {_fmt(result.accuracy_drop, '.5f')} "
             f"| {'yes' if meets_budget(result, budget) else 'no'} | {_fmt(ratio, '.3f')} |"
         )
+        if back_to_back and winner is not None:
+            pipelined = result.back_to_back_ms / winner.back_to_back_ms if result.back_to_back_ms else None
+            row += (
+                f" {_fmt(result.latency_ms, '.3f')} | {_fmt(result.back_to_back_ms, '.3f')} "
+                f"| {_fmt(pipelined, '.3f')} |"
+            )
+        lines.append(row)
     if data.summary and data.summary.get("reference_note"):
         lines += ["", f"Note: {data.summary['reference_note']}."]
     return lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,13 +199,20 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
     return parse_config(data, "tiny_config")
 
 
-def synthetic_evaluator(space: Any, seed: int = 0, fail_knob: tuple[str, Any] | None = None):
+def synthetic_evaluator(
+    space: Any,
+    seed: int = 0,
+    fail_knob: tuple[str, Any] | None = None,
+    knob_latency: Mapping[tuple[str, Any], float] | None = None,
+):
     """A fake evaluator with additive per-layer savings and drops, for env and strategy tests without builds.
 
     Args:
         space: The ``SearchSpace``.
         seed: Seed of the per-layer savings and sensitivities.
         fail_knob: ``(knob, value)`` whose plans fail to build, to exercise the failure path.
+        knob_latency: ``(knob, value)`` to the factor a plan with that value multiplies its latency by (a knob
+            that costs no accuracy, such as a free knob); values left out multiply by 1.
 
     Returns:
         ``evaluate(plan) -> TrialResult`` with an attribute ``calls`` counting evaluations.
@@ -221,6 +229,9 @@ def synthetic_evaluator(space: Any, seed: int = 0, fail_knob: tuple[str, Any] | 
             return TrialResult.failure(plan, "BuildError: synthetic failure")
         quantized = [name for name, p in plan.precisions if p != "fp32"]
         latency = 10.0 * max(0.2, 1.0 - sum(savings[n] for n in quantized) / max(1.0, len(savings) / 3))
+        for (knob, value), factor in (knob_latency or {}).items():
+            if plan.knob(knob) == value:
+                latency *= factor
         drop = float(sum(drops[n] for n in quantized))
         return TrialResult(
             plan=plan,

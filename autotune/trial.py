@@ -33,8 +33,14 @@ class TrialResult:
         accuracy_drop: ``reference_accuracy - accuracy``, in the metric's units.
         fidelity: Cosine, top-1 agreement and SNR against the FP32 outputs.
         build_s: Seconds to rewrite and build.
+        build_stages_s: Where ``build_s`` went, stage to seconds, where the backend says (the torch backend's
+            ``TorchArtifact.build_stages_s``); empty otherwise.
         total_s: Seconds for the whole trial.
         protocol: The latency protocol used.
+        back_to_back_ms: Per launch, timed back to back (``Backend.time_back_to_back``: the median of
+            ``BACK_TO_BACK_ROUNDS`` timings of ``BACK_TO_BACK_LAUNCHES`` launches); confirmations only, where the
+            backend has such a timer, else None. ``latency_ms`` times one launch at a time.
+        reference_back_to_back_ms: FP32's, timed the same way in the same call.
         split: The data the accuracy was measured on.
         artifact: Path of the built model, when it was kept.
         created_at: Unix time of the measurement.
@@ -55,8 +61,11 @@ class TrialResult:
     accuracy_drop: float | None = None
     fidelity: dict[str, float] = field(default_factory=dict)
     build_s: float = 0.0
+    build_stages_s: dict[str, float] = field(default_factory=dict)
     total_s: float = 0.0
     protocol: dict[str, int] = field(default_factory=dict)
+    back_to_back_ms: float | None = None
+    reference_back_to_back_ms: float | None = None
     split: str = "evaluation"
     artifact: str | None = None
     created_at: float = field(default_factory=time.time)

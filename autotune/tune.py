@@ -29,7 +29,7 @@ from autotune.harness.selfcheck import (
     with_measured_noise,
 )
 from autotune.monitor import RunMonitor
-from autotune.plan import PRECISIONS, Plan
+from autotune.plan import PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
 from autotune.search.reward import meets_budget
@@ -122,7 +122,9 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
     Returns:
         ``references`` (name to metrics, status and error), ``best_reference`` (the fastest one-liner within the
         accuracy budget, or None), ``winner_over_best_reference`` (the winner's speedup over FP32 divided by that
-        one-liner's) and ``reference_note``: one line when a one-liner within the budget is faster than the
+        one-liner's: one launch at a time), ``winner_over_best_reference_back_to_back`` (the fastest one-liner
+        within the budget back to back, its latency per launch over the winner's; None where the backend has no
+        such timer) and ``reference_note``: one line when a one-liner within the budget is faster than the
         winner, else None. The winner is exported either way: the user decides.
     """
     references = store.references()
@@ -143,10 +145,13 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
                 f"{winner.speedup or 0.0:.2f}x over FP32, held-out data); the winner is exported as ranked: "
                 f"compare them with `autotune evaluate CONFIG --plan {name}`"
             )
+    back_to_back = [r.back_to_back_ms for _, r in within if r.back_to_back_ms]
+    back_to_back_ratio = min(back_to_back) / winner.back_to_back_ms if back_to_back and winner.back_to_back_ms else None
     return {
         "references": rows,
         "best_reference": best[0] if best else None,
         "winner_over_best_reference": ratio,
+        "winner_over_best_reference_back_to_back": back_to_back_ratio,
         "reference_note": note,
     }
 
@@ -183,6 +188,7 @@ def export_ranked(
         "builds": store.builds(),
         "imported_trials": len(store.imported()),
         "cache_hits": int(store.get_meta("cache_hits", 0)),
+        "free_knobs": store.get_meta("free_knobs", {}),
         "wall_s": float(store.get_meta("wall_s", 0.0)),
         "machine": (store.get_meta(KEY_META, {}) or {}).get("machine"),
         "int8_arithmetic": evaluator.int8_arithmetic(),
@@ -205,6 +211,8 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
         "accuracy_drop": result.accuracy_drop,
         "fidelity": result.fidelity,
         "protocol": result.protocol,
+        "back_to_back_ms": result.back_to_back_ms,
+        "reference_back_to_back_ms": result.reference_back_to_back_ms,
     }
 
 
@@ -236,8 +244,52 @@ def _uniform_seed_rounds(space: SearchSpace) -> tuple[list[Plan], list[str]]:
     return [space.uniform(p) for p in floats], [p for p in precisions if p not in floats]
 
 
-def _build_uniform_seeds(space: SearchSpace, evaluator: Evaluator, evaluate: Any, evaluate_many: Any) -> None:
-    """Builds the uniform plans of ``_uniform_seeds`` within the budget: side by side with several workers."""
+FREE_KNOB_MARGIN = 0.01
+"""How much faster (relative speedup) another value of a free knob must measure than the seed's to replace it:
+within it the two are a tie, and the seed's value (the users' default) stays."""
+
+
+def fix_free_knobs(space: SearchSpace, seed: TrialResult, build: Any) -> dict[str, KnobValue]:
+    """Measures each free knob's other values on ``seed`` and returns the fastest value of each knob measured.
+
+    Free knobs (``Knob.free``) change the outputs at rounding level only, so one measurement on one plan says which
+    value is fastest for every plan: one knob at a time, each other value is built on the best plan so far and
+    replaces the current one only when it is faster by more than ``FREE_KNOB_MARGIN``. A knob whose builds did not
+    all fit the build budget is left out (it stays searched); a value whose build failed is not chosen.
+
+    Args:
+        space: The search space.
+        seed: The fastest uniform seed's result.
+        build: Plans to their results (fewer when the budget runs out), as ``_build_uniform_seeds`` builds them.
+
+    Returns:
+        Knob name to its fixed value, for ``SearchSpace.with_fixed_knobs``.
+    """
+    best, fixed = seed, {}
+    for knob in space.free_knobs:
+        current = best.plan.knob(knob.name, knob.default)
+        others = [best.plan.with_knobs(**{knob.name: value}) for value in knob.values if value != current]
+        results = build(others)
+        if len(results) < len(others):
+            break  # the budget ran out: this knob and the rest stay in the search
+        for result in results:
+            if result.ok and result.speedup and result.speedup > (best.speedup or 0.0) * (1 + FREE_KNOB_MARGIN):
+                best = result
+        fixed[knob.name] = best.plan.knob(knob.name, knob.default)
+    return fixed
+
+
+def _build_uniform_seeds(
+    space: SearchSpace, evaluator: Evaluator, evaluate: Any, evaluate_many: Any
+) -> dict[str, KnobValue]:
+    """Builds the uniform plans of ``_uniform_seeds`` within the budget: side by side with several workers.
+
+    Between the float seeds and the quantized ones, the free knobs are measured on the fastest float seed and
+    fixed (``fix_free_knobs``); the quantized seeds are built with the fixed values.
+
+    Returns:
+        The free knobs fixed, name to value (empty when the space has none or the budget ran out first).
+    """
     budget = evaluator.config.budget.builds
 
     def build(plans: list[Plan]) -> list[TrialResult]:
@@ -252,13 +304,16 @@ def _build_uniform_seeds(space: SearchSpace, evaluator: Evaluator, evaluate: Any
 
     first, quantized = _uniform_seed_rounds(space)
     measured = [r for r in build(first) if r.ok and r.speedup]
-    fastest = max(measured, key=lambda r: r.speedup).plan if measured else None
+    fastest_result = max(measured, key=lambda r: r.speedup) if measured else None
+    fastest = fastest_result.plan if fastest_result is not None else None
+    fixed = fix_free_knobs(space, fastest_result, build) if fastest_result is not None else {}
     following = {
         knob.name: fastest.knob(knob.name)
         for knob in space.knobs
         if fastest is not None and knob.follows_precision and fastest.knob(knob.name) is not None
     }
-    build([space.uniform(precision, following) for precision in quantized])
+    build([space.uniform(precision, {**following, **fixed}) for precision in quantized])
+    return fixed
 
 
 def _seeds_ahead(space: SearchSpace, strategy: str, workers: int) -> list[Plan]:
@@ -268,9 +323,10 @@ def _seeds_ahead(space: SearchSpace, strategy: str, workers: int) -> list[Plan]:
     workers then take the seeds and the first searched plans in one stream, where a round of seeds alone would
     leave all but a few of them idle (one all-INT8 plan on the ONNX Runtime CPU backend). None with one worker
     (the seeds are built first, then the search, as always), for the searches that use the seeds' results, or where
-    the quantized seeds wait for the float seeds' results (``_uniform_seed_rounds``).
+    the quantized seeds wait for the float seeds' results (``_uniform_seed_rounds``), nor where free knobs wait
+    for them (``fix_free_knobs``).
     """
-    if workers <= 1 or strategy not in INDEPENDENT_SEARCHES:
+    if workers <= 1 or strategy not in INDEPENDENT_SEARCHES or space.free_knobs:
         return []
     first, quantized = _uniform_seed_rounds(space)
     return first if not quantized else []
@@ -285,19 +341,28 @@ def search_with_seeds(
     strategy: str,
     resume: bool,
     evaluate_many: Any = None,
-) -> None:
+) -> dict[str, KnobValue]:
     """The uniform seeds (``_uniform_seeds``), then the search, until the build budget is spent.
 
     The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16) are the first trials
     of every search: the references a user compares against, and data points for the per-layer estimates. They are
     built in rounds of their own before the search, or, where ``_seeds_ahead`` says so, at the head of its first
     batch. A precision strategy is its one uniform plan, with no seed.
+
+    The free knobs the seeds fixed (``fix_free_knobs``) are fixed for the search: every strategy searches a space
+    where they have their one value.
+
+    Returns:
+        The free knobs fixed, name to value.
     """
     ahead = _seeds_ahead(space, strategy, evaluator.workers)
+    fixed: dict[str, KnobValue] = {}
     if strategy not in PRECISIONS and not ahead:
-        _build_uniform_seeds(space, evaluator, evaluate, evaluate_many)
+        fixed = _build_uniform_seeds(space, evaluator, evaluate, evaluate_many)
+        space = space.with_fixed_knobs(fixed)
     if evaluator.builds < config.budget.builds:
         run_search(config, space, evaluate, evaluator, run, strategy, resume, evaluate_many, ahead)
+    return fixed
 
 
 def run_search(
@@ -448,9 +513,10 @@ def tune(
                 search_check = check_search_timing(evaluator, store, fp32)
                 searched = with_measured_noise(config, search_check)
                 try:
-                    search_with_seeds(
+                    fixed = search_with_seeds(
                         searched, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
                     )
+                    store.set_meta("free_knobs", fixed)
                 except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
                     store.set_meta("wall_s", wall_before + time.time() - started)
                     raise

@@ -243,3 +243,26 @@ def test_evaluate_in_process_runs_the_trial_in_this_process(config_file, monkeyp
     main(["evaluate", str(config_file), "--plan", "int8", "--in-process"])
     main(["evaluate", str(config_file), "--plan", "int8"])
     assert seen == [False, True]
+
+
+def test_the_printed_summary_shows_both_timings_and_both_ratios_where_the_backend_has_them(capsys):
+    from autotune.cli import _print_summary
+
+    def row(speedup, latency, back_to_back):
+        return {"speedup": speedup, "latency_ms": latency, "accuracy": 0.99, "accuracy_drop": 0.001,
+                "back_to_back_ms": back_to_back, "status": "ok"}  # fmt: skip
+
+    summary = {
+        "rank": 1, "plan": "fp8 x30", "winner": row(2.0, 5.0, 4.0), "fp32_reference": row(1.0, 10.0, 9.5),
+        "references": {"torch-bf16": row(1.6, 6.2, 5.0)}, "best_reference": "torch-bf16",
+        "winner_over_best_reference": 1.25, "winner_over_best_reference_back_to_back": 1.25,
+        "accuracy_budget": 0.002, "metric": "cosine", "builds": 5, "cache_hits": 0, "files": [],
+    }  # fmt: skip
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert "ms b2b" in out and "      4.000" in out
+    assert "(torch-bf16): 1.25x one launch, 1.25x back to back" in out
+    summary["winner"]["back_to_back_ms"] = summary["winner_over_best_reference_back_to_back"] = None
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert "ms b2b" not in out and "(torch-bf16): 1.25x one launch\n" in out

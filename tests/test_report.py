@@ -91,3 +91,30 @@ def test_report_names_the_cpu_its_int8_isa_and_the_int8_scheme_that_ran(finished
     text = report([finished_run.run_dir])["report"].read_text()
     assert f"INT8 ISA features: {', '.join(isa_features())}" in text
     assert f"- INT8 scheme: {scheme['scheme']} (weights in [-{weight_max}, {weight_max}]); kernel probe: u8s8: " in text
+
+
+def test_the_one_liners_table_gets_the_back_to_back_timing_where_the_backend_has_it(tmp_path):
+    from autotune.plan import Plan
+    from autotune.report import RunData, _reference_lines
+    from autotune.testing import tiny_config
+    from autotune.trial import TrialResult
+
+    layers = ["fc1", "fc2"]
+    winner = TrialResult(
+        plan=Plan.uniform(layers, "fp8"), speedup=2.0, accuracy_drop=0.001, latency_ms=5.0, back_to_back_ms=4.0
+    )
+    bf16 = TrialResult(
+        plan=Plan.reference_plan(layers, "torch-bf16"),
+        speedup=1.6,
+        accuracy_drop=0.0,
+        latency_ms=6.2,
+        back_to_back_ms=5.0,
+    )
+    data = RunData(tmp_path, tiny_config(tmp_path), [], {}, {}, {"torch-bf16": bf16})
+    lines = _reference_lines(data, winner)
+    assert lines[3].endswith("| ms one launch | ms back to back | winner over it back to back |")
+    assert lines[4].count("---") == lines[3].count(" | ") + 1 == 8
+    assert lines[5] == "| (the winner) | 2.000 | 0.00100 | - | - | 5.000 | 4.000 | - |"
+    assert lines[6] == "| torch-bf16 | 1.600 | 0.00000 | yes | 1.250 | 6.200 | 5.000 | 1.250 |"
+    one_timing = _reference_lines(data, TrialResult(plan=winner.plan, speedup=2.0, accuracy_drop=0.001))
+    assert "back to back" not in "\n".join(one_timing)  # no second timer: the table as before

@@ -13,10 +13,11 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from autotune.api import analyze
+from autotune.capabilities import Capabilities, Knob
 from autotune.config import ConfigError, dump_config, load_config
 from autotune.plan import Plan
 from autotune.store import TrialStore
-from autotune.testing import synthetic_evaluator, tiny_config
+from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 from autotune.trial import TrialResult
 from autotune.tune import finalist_order, search_with_seeds, tune
 
@@ -197,6 +198,7 @@ def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(t
         assert row["split"] == "holdout" and row["protocol"] == {"warmup": 1, "repeats": 4, "rounds": 1}
         assert row["speedup"] > 0 and row["accuracy_drop"] is not None
     assert summary["builds"] == 3  # the one-liners spend no build of the search
+    assert summary["winner"]["back_to_back_ms"] is None  # ONNX Runtime has no back-to-back timer
     with TrialStore(config.run_dir / "trials.sqlite") as store:
         assert len(store) == 3
         stored = {name: result.to_dict() for name, result in store.references().items()}
@@ -265,11 +267,31 @@ def test_the_summary_says_so_when_a_one_liner_beats_the_winner_within_the_budget
         assert (
             "ort-static beats the winner" in rows["reference_note"] and "1.50x against 1.20x" in rows["reference_note"]
         )
+        assert rows["winner_over_best_reference_back_to_back"] is None  # no back-to-back timer: no ratio
         with pytest.raises(ValueError, match="not a reference plan"):
             store.put_reference(winner)
     winner.speedup = 1.6
     with TrialStore(tmp_path / "t.sqlite") as store:
         assert reference_rows(store, winner, accuracy_budget=0.01)["reference_note"] is None
+
+
+def test_the_back_to_back_ratio_is_the_fastest_one_liner_within_the_budget_over_the_winner(tmp_path):
+    from autotune.tune import reference_rows
+
+    layers = ["fc1", "fc2"]
+    winner = TrialResult(plan=Plan.uniform(layers, "fp8"), speedup=2.0, accuracy_drop=0.001, back_to_back_ms=4.0)
+    rows_of = {"torch-bf16": (1.8, 0.0, 5.0), "torch-fp16": (1.7, 0.0, 4.8), "torchao-fp8": (2.2, 0.5, 3.0)}
+    with TrialStore(tmp_path / "t.sqlite") as store:
+        for name, (speedup, drop, pipelined) in rows_of.items():
+            result = TrialResult(
+                plan=Plan.reference_plan(layers, name), speedup=speedup, accuracy_drop=drop, back_to_back_ms=pipelined
+            )
+            store.put_reference(result)
+        rows = reference_rows(store, winner, accuracy_budget=0.01)
+    assert rows["best_reference"] == "torch-bf16" and rows["winner_over_best_reference"] == pytest.approx(2.0 / 1.8)
+    # back to back, FP16 is the faster one-liner within the budget; torchao-fp8 (over the budget) does not count
+    assert rows["winner_over_best_reference_back_to_back"] == pytest.approx(4.8 / 4.0)
+    assert rows["references"]["torch-fp16"]["back_to_back_ms"] == 4.8
 
 
 def test_confirm_references_picks_the_one_liners_and_rejects_unknown_ones(tmp_path):
@@ -361,10 +383,10 @@ def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
 class _RecordingEvaluator:
     """Stands in for ``Evaluator`` in ``search_with_seeds``: the synthetic results, and every hand-over recorded."""
 
-    def __init__(self, config, space, workers):
+    def __init__(self, config, space, workers, **synthetic):
         self.config = config
         self.workers = workers
-        self.inner = synthetic_evaluator(space)
+        self.inner = synthetic_evaluator(space, **synthetic)
         self.results = {}
         self.handed = []  # ("one", [plan]) per evaluate, ("many", plans) per evaluate_many
 
@@ -410,6 +432,89 @@ def test_seeds_travel_with_the_first_random_plans_on_several_workers_and_come_fi
     else:  # greedy starts from the seed's result: the seed round comes first
         assert (first_kind, first_plans) == ("many", [seed])
     assert many.builds == one.builds and many.builds <= 8
+
+
+def _gpu_like_space():
+    """The tiny model with a base precision, two free knobs and a searched one (ONNX Runtime's allow_spinning)."""
+    capabilities = Capabilities(
+        {"Gemm": ("fp32", "fp16", "bf16", "int8"), "MatMul": ("fp32", "fp16", "bf16", "int8")},
+        (
+            Knob("base_precision", ("fp32", "fp16", "bf16"), follows_precision=True),
+            Knob("attention", ("sdpa", "eager"), free=True),
+            Knob("cuda_graphs", (True, False), free=True),
+            Knob("allow_spinning", (True, False)),
+        ),
+        smoothing=False,
+    )
+    return tiny_space(capabilities)
+
+
+# attention=eager is slower (the seed's sdpa stays); cuda_graphs=False is faster (it replaces the seed's True);
+# allow_spinning=False is faster too, but it is not free: the search must still find it.
+KNOB_LATENCY = {("attention", "eager"): 1.3, ("cuda_graphs", False): 0.8, ("allow_spinning", False): 0.9}
+
+
+@pytest.mark.parametrize("strategy", ["random", "greedy"])
+def test_free_knobs_are_measured_on_the_fastest_seed_then_fixed_for_the_search(tmp_path, strategy):
+    config = tiny_config(tmp_path, budget={"builds": 16})
+    space = _gpu_like_space()
+    evaluator = _RecordingEvaluator(config, space, workers=1, knob_latency=KNOB_LATENCY)
+    fixed = search_with_seeds(config, space, evaluator.evaluate, evaluator, None, strategy, False)
+    assert fixed == {"attention": "sdpa", "cuda_graphs": False}
+    plans = [plans[0] for kind, plans in evaluator.handed]
+    assert [p.knob("base_precision") for p in plans[:2]] == ["fp16", "bf16"]  # the float seeds first
+    fastest = max(plans[:2], key=lambda p: evaluator.results[p.hash].speedup)
+    # then each free knob's other value on the fastest seed, one knob at a time, on the best plan so far
+    assert plans[2] == fastest.with_knobs(attention="eager")
+    assert plans[3] == fastest.with_knobs(cuda_graphs=False)
+    int8 = plans[4]  # the quantized seed, on the fastest float base, with the fixed values
+    assert int8 == space.uniform("int8", {"base_precision": fastest.knob("base_precision"), **fixed})
+    searched = plans[5:]
+    assert searched and all(p.knob("attention") == "sdpa" and p.knob("cuda_graphs") is False for p in searched)
+    assert len({p.hash for p in plans}) == evaluator.builds  # greedy asks for some plans again (cache hits)
+    if strategy == "greedy":  # a searched knob is still searched
+        assert any(p.knob("allow_spinning") is False for p in searched)
+
+
+def test_free_knobs_left_unmeasured_by_the_budget_stay_in_the_search(tmp_path):
+    config = tiny_config(tmp_path, budget={"builds": 3})
+    space = _gpu_like_space()
+    evaluator = _RecordingEvaluator(config, space, workers=1, knob_latency=KNOB_LATENCY)
+    fixed = search_with_seeds(config, space, evaluator.evaluate, evaluator, None, "random", False)
+    assert fixed == {"attention": "sdpa"} and evaluator.builds == 3  # two float seeds, one attention build
+    assert space.with_fixed_knobs(fixed).free_knobs == [k for k in space.knobs if k.name == "cuda_graphs"]
+
+
+def test_a_faster_value_within_the_margin_is_a_tie_and_the_seeds_value_stays(tmp_path):
+    config = tiny_config(tmp_path, budget={"builds": 16})
+    space = _gpu_like_space()
+    tie = {("attention", "eager"): 0.995, ("cuda_graphs", False): 1.2}
+    evaluator = _RecordingEvaluator(config, space, workers=1, knob_latency=tie)
+    assert search_with_seeds(config, space, evaluator.evaluate, evaluator, None, "random", False) == {
+        "attention": "sdpa",
+        "cuda_graphs": True,
+    }
+
+
+def test_a_space_fixes_knobs_to_one_value_and_refuses_others():
+    space = _gpu_like_space()
+    assert [k.name for k in space.free_knobs] == ["attention", "cuda_graphs"]
+    fixed = space.with_fixed_knobs({"attention": "eager"})
+    knobs = {k.name: k for k in fixed.knobs}
+    assert knobs["attention"].values == ("eager",) and knobs["attention"].free
+    assert fixed.plan().knob("attention") == "eager" and space.plan().knob("attention") == "sdpa"
+    assert not space.violations(fixed.plan())  # inside the original space too
+    with pytest.raises(ValueError, match="cannot fix knob attention='flash'"):
+        space.with_fixed_knobs({"attention": "flash"})
+    with pytest.raises(ValueError, match="cannot fix knob nope"):
+        space.with_fixed_knobs({"nope": 1})
+
+
+def test_onnxruntime_allow_spinning_is_searched_not_free():
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+
+    knobs = {k.name: k for k in OnnxRuntimeCPU().capabilities().knobs}
+    assert "allow_spinning" in knobs and not any(k.free for k in knobs.values())
 
 
 def test_finalists_are_ranked_by_the_profile_where_the_run_has_one(tmp_path):

@@ -111,6 +111,15 @@ class Backend(ABC):
         self.run(artifact, feeds)
         return (time.perf_counter() - start) * 1e3
 
+    def time_back_to_back(self, artifact: Any, feeds: Mapping[str, np.ndarray], launches: int) -> float | None:
+        """Milliseconds per launch of ``launches`` launches back to back, or None where the backend has no such timer.
+
+        One launch timed alone includes what a launch pays before the device starts (Python, guards, the graph
+        launch); back to back, a launch's host work overlaps the previous one's device work, as in a serving loop.
+        The default (None) leaves the second timing out of the results.
+        """
+        return None
+
     def layer_probe(self) -> LayerProbe | None:
         """What runs the layerwise calibration's single-layer evaluations on this backend's device, or None.
 

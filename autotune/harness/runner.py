@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 from autotune.backends import BackendUnavailable, BuildError, get_backend
@@ -28,6 +29,13 @@ from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE, lower
 from autotune.trial import TrialResult
+
+CONFIRMATION_SPLIT = "holdout"
+"""The split the finalists and one-liners are confirmed on (``Evaluator.confirm_side_by_side``)."""
+BACK_TO_BACK_LAUNCHES = 20
+"""Launches per back-to-back timing (``Backend.time_back_to_back``)."""
+BACK_TO_BACK_ROUNDS = 15
+"""Back-to-back timings per confirmed plan; their median is ``TrialResult.back_to_back_ms``."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +196,8 @@ class TrialRunner:
                 timed = [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
             else:  # each alone, so the failure of one engine stays its own
                 timed = [_time_alone(timer, reference, protocol) for timer in timers]
-        for (index, item), (latency, seconds) in zip(pending, timed, strict=True):
+        back_to_back = self._back_to_back([item.artifact for _, item in pending], feeds, split)
+        for (index, item), (latency, seconds), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
             if isinstance(latency, str):
                 results[index] = TrialResult.failure(item.plan, latency, split=split, total_s=item.scored_s + seconds)
                 continue
@@ -205,11 +214,35 @@ class TrialRunner:
                 accuracy_drop=self.reference_accuracy[split] - item.accuracy,
                 fidelity=fidelity(item.outputs, self.reference_outputs[split]),
                 build_s=item.build_s,
+                build_stages_s=dict(getattr(item.artifact, "build_stages_s", None) or {}),
                 total_s=item.scored_s + seconds,
                 protocol=protocol.to_dict(),
+                back_to_back_ms=pipelined,
+                reference_back_to_back_ms=back_to_back[-1] if pipelined is not None else None,
                 split=split,
             )
         return [result for result in results if result is not None]
+
+    def _back_to_back(self, artifacts: Sequence[Any], feeds: Any, split: str) -> list[float | None]:
+        """Each artifact's, then FP32's, latency per launch back to back; Nones outside the confirmation.
+
+        Only the confirmation (``CONFIRMATION_SPLIT``) pays for it: the search ranks by one launch. A plan whose
+        timing fails gets None, as do all where the backend has no such timer.
+        """
+        nothing: list[float | None] = [None] * (len(artifacts) + 1)
+        if split != CONFIRMATION_SPLIT:
+            return nothing
+        timings: list[float | None] = []
+        for artifact in [*artifacts, self.reference]:
+            try:
+                runs = [
+                    self.backend.time_back_to_back(artifact, feeds, BACK_TO_BACK_LAUNCHES)
+                    for _ in range(BACK_TO_BACK_ROUNDS)
+                ]
+            except Exception:  # noqa: BLE001 - the one-launch timing stands; this one is left out
+                runs = [None]
+            timings.append(None if None in runs else float(np.median(runs)))
+        return timings
 
     def _timer(self, artifact: Any, feeds: Any) -> Callable[[], float]:
         return lambda: self.backend.time_run(artifact, feeds)

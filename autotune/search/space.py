@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,27 @@ class SearchSpace:
             {**following, **(knobs or {})},
         )
 
+    def with_fixed_knobs(self, fixed: Mapping[str, KnobValue]) -> SearchSpace:
+        """This space with each knob of ``fixed`` narrowed to its one value (then a strategy no longer asks it).
+
+        Raises:
+            ValueError: A knob the space lacks, or a value it does not allow.
+        """
+        knobs = {knob.name: knob for knob in self.knobs}
+        for name, value in fixed.items():
+            if name not in knobs or value not in knobs[name].values:
+                allowed = list(knobs[name].values) if name in knobs else sorted(knobs)
+                raise ValueError(f"cannot fix knob {name}={value!r}: allowed {allowed}")
+        narrowed = tuple(
+            dataclasses.replace(knob, values=(fixed[knob.name],)) if knob.name in fixed else knob for knob in self.knobs
+        )
+        return dataclasses.replace(self, knobs=narrowed)
+
+    @property
+    def free_knobs(self) -> list[Knob]:
+        """The knobs marked ``free`` (numerically neutral) that still offer more than one value."""
+        return [knob for knob in self.knobs if knob.free and len(knob.values) > 1]
+
     def violations(self, plan: Plan) -> list[str]:
         """Why a plan is outside this space; empty when it is inside."""
         problems = []
@@ -102,7 +124,7 @@ def _restrict_knob(knob: Knob, allowed: Sequence[KnobValue] | None) -> Knob:
     values = tuple(v for v in knob.values if v in allowed)
     if not values:
         raise ValueError(f"search.knobs.{knob.name}: none of {list(allowed)} is offered; allowed {list(knob.values)}")
-    return Knob(knob.name, values, knob.description, knob.follows_precision)
+    return dataclasses.replace(knob, values=values)
 
 
 def build_space(layers: Sequence[Layer], capabilities: Capabilities, config: SearchSpaceConfig) -> SearchSpace:

@@ -36,7 +36,7 @@ from autotune.backends.torch.device import (
     probe_isolated,
     torch_capabilities,
 )
-from autotune.backends.torch.export import load_exported
+from autotune.backends.torch.export import LoadedEngine, load_engine, load_exported
 from autotune.backends.torch.modules import ModuleChoice, activation_scale, module_choices, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, flatten_outputs, runtime_flags, set_runtime_flags
 from autotune.backends.torch.wrappers import WRAPPER_NAMES, wrappers
@@ -52,6 +52,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "NEEDS_FACTORY",
     "DeviceInfo",
+    "LoadedEngine",
     "ModuleChoice",
     "TorchArtifact",
     "TorchBackend",
@@ -59,6 +60,7 @@ __all__ = [
     "bind_layers",
     "count_calls",
     "flatten_outputs",
+    "load_engine",
     "load_exported",
     "module_choices",
     "module_path",

@@ -3,7 +3,9 @@
 Hugging Face transformers models choose their attention kernel through ``config._attn_implementation`` and switch
 it with ``set_attn_implementation``. The ONNX export that gives the layer table needs the factory's own
 implementation (eager attention exports op by op); a build may swap it on its copy of the module, as a knob.
-Other modules have nothing to swap: they get no knob.
+Other modules have nothing to swap: they get no knob. Where a model can run SDPA, SDPA comes first: it is what
+``from_pretrained`` picks by default, so what the model's users run, and the knob's default (the one-liner
+references and the plans' starting point) must be the same module they have.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 from autotune.backends.base import BuildError
 
 SWAPPABLE = ("eager", "sdpa")
+USERS_DEFAULT = "sdpa"
+"""transformers' default ``attn_implementation`` where the model supports it (``_supports_sdpa``); else eager."""
 """The implementations offered: eager (matmul, softmax, matmul) and ``torch.nn.functional.scaled_dot_product_attention``
 (fused kernels). Others (flash-attention packages, hub kernels) need installs the backend does not assume."""
 
@@ -28,10 +32,12 @@ def _models(module: Any) -> list[Any]:
 
 
 def attention_implementations(module: Any) -> tuple[str, ...]:
-    """The attention implementations ``module`` can run, its current one first; ``()`` when it cannot swap.
+    """The attention implementations ``module`` can run, its users' default first; ``()`` when it cannot swap.
 
-    Every transformers model inside must be able to switch at run time (``_can_set_attn_implementation``) and
-    must run on the implementation offered (``_supports_sdpa`` for SDPA).
+    The users' default is what transformers picks when a model is loaded without ``attn_implementation``: SDPA
+    where every model inside supports it, else the module's current one (a factory may set eager for the ONNX
+    export). Every transformers model inside must be able to switch at run time (``_can_set_attn_implementation``)
+    and must run on the implementation offered (``_supports_sdpa`` for SDPA).
     """
     models = _models(module)
     if not models:
@@ -48,6 +54,9 @@ def attention_implementations(module: Any) -> tuple[str, ...]:
     for name in SWAPPABLE:
         if name != own and (name == "eager" or all(getattr(model, "_supports_sdpa", False) for model in models)):
             offered.append(name)
+    if USERS_DEFAULT in offered:
+        offered.remove(USERS_DEFAULT)
+        offered.insert(0, USERS_DEFAULT)
     return tuple(offered) if len(offered) > 1 else ()
 
 

@@ -4,13 +4,15 @@
 FP32 module with each chosen module's wrapper (``modules.py``), then compiles, warms up and captures it
 (``runtime.py``); ``export`` writes the files ``load_exported`` rebuilds it from (``export.py``).
 ``build_reference`` builds the one-liners a user would write instead (``model.to(dtype)`` and
-``torch.compile(mode="reduce-overhead")``), measured like plans.
+``torch.compile(mode="reduce-overhead")`` on the module as its users load it, SDPA attention where transformers
+would pick it; torchao's FP8 dynamic one-liner where the GPU has FP8), measured like plans.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +35,7 @@ from autotune.backends.torch.device import (
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.layer_probe import TorchLayerProbe
 from autotune.backends.torch.modules import module_choices, rewrite_module
-from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_launch
+from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_back_to_back, time_launch
 from autotune.backends.torch.torchao_linear import TORCHAO, torchao
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
@@ -57,6 +59,40 @@ REFERENCES: dict[str, tuple[str, bool]] = {
 }
 """The one-liner references: name -> (the dtype the whole module is converted to, the TF32 flag). FP32 itself is
 the run's reference (the all-FP32 plan)."""
+
+TORCHAO_FP8_REFERENCE = "torchao-fp8"
+"""torchao's FP8 one-liner on the BF16 module: ``quantize_(model, Float8DynamicActivationFloat8WeightConfig(
+granularity=PerRow()))``, every ``nn.Linear`` with dynamic per-row FP8 activations and weights, then
+``torch.compile(mode="reduce-overhead")``. Offered where a Linear may take fp8 on CUDA and torchao is installed."""
+TORCHAO_FP8_BASE = "bf16"
+"""The dtype of the module torchao's FP8 one-liner quantizes: torchao's FP8 recipes are written for BF16 models."""
+
+
+def has_convolutions(module: Any) -> bool:
+    """True when ``module`` holds a convolution (``nn.Conv1d/2d/3d`` or a transposed one), what cuDNN's search tunes."""
+    from torch import nn
+
+    return any(isinstance(sub, nn.modules.conv._ConvNd) for sub in module.modules())
+
+
+def torchao_installed() -> bool:
+    """True when torchao can be imported (checked without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
+
+
+def quantize_fp8_dynamic(module: Any) -> None:
+    """Applies torchao's FP8 one-liner to ``module`` in place: dynamic per-row FP8 for every ``nn.Linear``.
+
+    ``set_inductor_config`` stays off: torchao's inductor settings are process-wide and would change every later
+    build of the process (``torchao_linear.py`` says the same of the static configs).
+    """
+    quantization = torchao()
+    config = quantization.Float8DynamicActivationFloat8WeightConfig(
+        granularity=quantization.PerRow(), set_inductor_config=False
+    )
+    quantization.quantize_(module, config)
 
 
 class TorchBackend(Backend):
@@ -108,11 +144,15 @@ class TorchBackend(Backend):
     def capabilities(self) -> Capabilities:
         """Precisions and knobs of this device, torch and module (``torch_capabilities``); no SmoothQuant.
 
-        The ``attention`` knob depends on the module (``attention_implementations``), so the first call makes the
-        factory's module; ``prepare`` needs it anyway.
+        The ``attention`` knob depends on the module (``attention_implementations``), and whether
+        ``cudnn_benchmark`` is free on whether it has convolutions, so the first call makes the factory's module;
+        ``prepare`` needs it anyway.
         """
         if self._capabilities is None:
-            self._capabilities = torch_capabilities(self.info, attention_implementations(self.fp32_module()))
+            module = self.fp32_module()
+            self._capabilities = torch_capabilities(
+                self.info, attention_implementations(module), has_convolutions(module)
+            )
         return self._capabilities
 
     def fp32_module(self) -> Any:
@@ -202,14 +242,23 @@ class TorchBackend(Backend):
         artifact.choices = {path: choice.precision for path, choice in choices.items()}
         return artifact
 
-    def _make(self, choices: Mapping[str, Any], knobs: dict[str, KnobValue], per_channel: bool = True) -> TorchArtifact:
+    def _make(
+        self,
+        choices: Mapping[str, Any],
+        knobs: dict[str, KnobValue],
+        per_channel: bool = True,
+        quantize: Callable[[Any], None] | None = None,
+    ) -> TorchArtifact:
         """Rewrites a copy of the FP32 module (``rewrite_module``) and makes it an artifact (``make_artifact``).
+
+        ``quantize`` changes the rewritten copy in place before it is compiled (a one-liner's torchao call).
 
         Raises:
             BuildError: Any step failed; the message says which.
         """
         attention = knobs.get(ATTENTION_KNOB)
         self._release_memory()
+        started = time.perf_counter()
         try:
             module = rewrite_module(
                 self.fp32_module(),
@@ -220,7 +269,12 @@ class TorchBackend(Backend):
                 attention=None if attention is None else str(attention),
                 quantized_gemm=self.options.quantized_gemm,
             )
-            return make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
+            if quantize is not None:
+                quantize(module)
+            rewrite_s = time.perf_counter() - started
+            artifact = make_artifact(module, self.model.inputs, self.device, knobs, self._output_shapes)
+            artifact.build_stages_s = {"rewrite": rewrite_s, **artifact.build_stages_s}
+            return artifact
         except BuildError:
             raise
         except Exception as error:  # noqa: BLE001 - compile, capture and kernel errors come in many types
@@ -242,22 +296,29 @@ class TorchBackend(Backend):
         """The one-liners this device runs: the names of ``REFERENCES`` it offers.
 
         ``torch-tf32`` where there is a ``tf32`` knob, ``torch-fp16`` and ``torch-bf16`` where ``base_precision``
-        offers them. FP32 is the run's reference already.
+        offers them, ``torchao-fp8`` (``TORCHAO_FP8_REFERENCE``) on CUDA where a Linear may take fp8 on a BF16
+        base and torchao is installed. FP32 is the run's reference already.
         """
-        offered = {knob.name: knob.values for knob in self.capabilities().knobs}
+        capabilities = self.capabilities()
+        offered = {knob.name: knob.values for knob in capabilities.knobs}
         bases = offered.get(BASE_PRECISION_KNOB, ("fp32",))
-        return tuple(
-            name for name, (base, tf32) in REFERENCES.items() if (TF32_KNOB in offered if tf32 else base in bases)
-        )
+        names = [name for name, (base, tf32) in REFERENCES.items() if (TF32_KNOB in offered if tf32 else base in bases)]
+        fp8_linears = any("fp8" in choices for choices in capabilities.precisions.values())
+        if self.info.is_cuda and fp8_linears and TORCHAO_FP8_BASE in bases and torchao_installed():
+            names.append(TORCHAO_FP8_REFERENCE)
+        return tuple(names)
 
     def build_reference(
         self, name: str, calibration: Sequence[Mapping[str, np.ndarray]] = (), workdir: Path | None = None
     ) -> TorchArtifact:
-        """Builds a one-liner, the factory's module ``.to(dtype)`` under ``torch.compile(mode="reduce-overhead")``.
+        """Builds a one-liner, the users' module ``.to(dtype)`` under ``torch.compile(mode="reduce-overhead")``.
 
-        That is compiled and in inductor's CUDA graphs, what a user writes; ``torch-tf32`` sets the flag only.
-        The CUDA flags other than TF32 are the FP32 reference's (the knob defaults), so the one-liner differs from
-        FP32 only in what its name says. On the CPU it runs eager, as every build there.
+        That is compiled and in inductor's CUDA graphs, what a user writes; ``torch-tf32`` sets the flag only,
+        ``torchao-fp8`` quantizes the BF16 module's Linears with torchao first (``quantize_fp8_dynamic``). The
+        module runs the attention its users get (the ``attention`` knob's default: SDPA where transformers would
+        pick it, not the eager attention a factory sets for the ONNX export). The CUDA flags other than TF32 are
+        the FP32 reference's (the knob defaults), so the one-liner differs from FP32 only in what its name says.
+        On the CPU it runs eager, as every build there.
 
         Args:
             name: One of ``references()``.
@@ -271,15 +332,15 @@ class TorchBackend(Backend):
             raise BuildError(f"the torch backend on {self.device} has no reference {name!r}: {self.references()}")
         if self._fp32 is None or self.model is None:
             raise BuildError("the torch backend builds only after prepare(model, searched)")
-        base, tf32 = REFERENCES[name]
-        knobs = self.knob_values({})
+        base, tf32 = REFERENCES.get(name, (TORCHAO_FP8_BASE, False))
+        knobs = self.knob_values({})  # the attention knob's default is the users' (attention_implementations)
         knobs[BASE_PRECISION_KNOB] = base
-        knobs.pop(ATTENTION_KNOB, None)  # the factory's own attention: what the user has
         if self.info.is_cuda:
             knobs[TF32_KNOB] = tf32
             if knobs[MODE_KNOB] != "eager":  # torch.compile works here
                 knobs[MODE_KNOB], knobs[CUDA_GRAPHS_KNOB] = REDUCE_OVERHEAD, False
-        artifact = self._make({}, knobs)
+        quantize = quantize_fp8_dynamic if name == TORCHAO_FP8_REFERENCE else None
+        artifact = self._make({}, knobs, quantize=quantize)
         artifact.reference = name
         return artifact
 
@@ -303,6 +364,10 @@ class TorchBackend(Backend):
         The feeds are copied in only when they are not the ones staged last, and the copy is not timed.
         """
         return time_launch(artifact, feeds)
+
+    def time_back_to_back(self, artifact: TorchArtifact, feeds: Mapping[str, np.ndarray], launches: int) -> float:
+        """Milliseconds per launch of ``launches`` launches back to back: CUDA events around them all."""
+        return time_back_to_back(artifact, feeds, launches)
 
     # -- export
 

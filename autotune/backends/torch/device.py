@@ -122,8 +122,9 @@ def base_knobs(floats: tuple[str, ...], attention: tuple[str, ...] = ()) -> list
 
     Args:
         floats: The float precisions the device runs (``fp32`` first).
-        attention: The attention implementations the module can swap between, its own first
-            (``autotune.backends.torch.attention.attention_implementations``); no knob with fewer than two.
+        attention: The attention implementations the module can swap between, its users' default first (SDPA
+            where it runs: ``autotune.backends.torch.attention.attention_implementations``); no knob with fewer
+            than two.
     """
     knobs = []
     if len(floats) > 1:
@@ -136,19 +137,25 @@ def base_knobs(floats: tuple[str, ...], attention: tuple[str, ...] = ()) -> list
             )
         )
     if len(attention) > 1:
-        knobs.append(Knob(ATTENTION_KNOB, attention, "attention implementation (transformers' attn_implementation)"))
+        knobs.append(
+            Knob(ATTENTION_KNOB, attention, "attention implementation (transformers' attn_implementation)", free=True)
+        )
     return knobs
 
 
-def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Capabilities:
+def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convolutions: bool = True) -> Capabilities:
     """Precisions per op type and knobs for a device. Pure.
 
     Linear layers (MatMul, Gemm) take fp16, bf16 (compute capability >= 8.0 on CUDA), int8 (where
     ``torch._int_mm`` works) and fp8 (compute capability >= 8.9 and ``torch._scaled_mm`` works); Conv layers take
     fp16 and bf16. The knobs' first values are the defaults, which the FP32 reference uses: ``base_precision``
     offers the float precisions above with ``fp32`` first, and ``attention`` (``base_knobs``) the implementations
-    in ``attention``, the module's own first. No SmoothQuant: the backend rewrites modules, and a smoothed layer's
-    ranges would not fit its unsmoothed module.
+    in ``attention``, the users' default first. ``attention``, ``cuda_graphs`` and ``cudnn_benchmark`` are free
+    (``Knob.free``: their values differ at rounding level only), so a run fixes them after the uniform seeds;
+    ``gemm_backends`` is not, although numerically neutral: it acts in max-autotune mode only, which a seed does not
+    run, so a seed's timing of it would be noise. Neither is ``cudnn_benchmark`` where the module has no
+    convolution (``convolutions`` False): there it changes nothing, and a build to time it would be spent on noise.
+    No SmoothQuant: the backend rewrites modules, and a smoothed layer's ranges would not fit its unsmoothed module.
     """
     cc = info.capability or (0, 0)
     floats = ["fp32"]
@@ -177,6 +184,7 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Cap
             CUDA_GRAPHS_KNOB,
             (True, False),
             "capture the whole forward in one CUDA graph, so launch overhead does not hide per-layer savings",
+            free=True,
         ),
     ]
     if compiled and "gemm_backends" in info.ops:
@@ -189,7 +197,14 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = ()) -> Cap
         )
     if cc >= (8, 0):  # TF32 units exist from Ampere on; elsewhere the flag changes nothing
         knobs.append(Knob(TF32_KNOB, (False, True), "FP32 matmuls and convolutions on TF32 tensor cores"))
-    knobs.append(Knob(CUDNN_BENCHMARK_KNOB, (True, False), "cuDNN times its convolution algorithms and keeps the best"))
+    knobs.append(
+        Knob(
+            CUDNN_BENCHMARK_KNOB,
+            (True, False),
+            "cuDNN times its convolution algorithms and keeps the best",
+            free=convolutions,
+        )
+    )
     knobs += base_knobs(tuple(floats), attention)
     return Capabilities(precisions, tuple(knobs), smoothing=False)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.backends.torch.device import ATTENTION_KNOB, BASE_PRECISION_KNOB, DeviceInfo
 from autotune.backends.torch.modules import ModuleChoice, rewrite_module
-from autotune.backends.torch.runtime import TorchArtifact
+from autotune.backends.torch.runtime import TorchArtifact, apply_flags, make_artifact
 from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS
 from autotune.files import atomic_write
 from autotune.plan import Plan
@@ -155,3 +155,105 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         state = torch.load(out_dir / "module_state.pt", map_location="cpu", weights_only=True)
         module.load_state_dict(state, strict=True)
     return module.to(device).eval()
+
+
+class LoadedEngine:
+    """An exported plan compiled, warmed up and captured as the run built it: call it with the model's inputs.
+
+    ``load_engine`` makes it. A call copies the inputs into the engine's static input tensors, runs the module
+    once and returns the outputs on the device, ordered on the caller's current stream (a later kernel or
+    ``.cpu()`` sees them finished). Where the build captured a CUDA graph, the call is the copies and one replay
+    on the caller's stream; the outputs are then the graph's own tensors, which the next call overwrites: clone
+    what you keep.
+
+    Attributes:
+        artifact: The built module (``autotune.backends.torch.runtime.TorchArtifact``).
+    """
+
+    def __init__(self, artifact: Any):
+        self.artifact = artifact
+
+    @property
+    def input_names(self) -> list[str]:
+        """The inputs in order; a call takes them by position or by name."""
+        return list(self.artifact.input_names)
+
+    def __call__(self, *inputs: Any, **named: Any) -> Any:
+        """Runs once: the output tensor, or a list of them where the model has several.
+
+        With a CUDA graph, the inputs are copied in and the graph replayed on the caller's current stream, and
+        nothing else runs on the host: what the trial timed (one replay) plus the copies. Without one, the module
+        runs on the engine's stream with the build's flags, and the caller's stream waits for it.
+
+        Raises:
+            TypeError: An input is missing or unknown.
+            ValueError: An input's shape differs from the one the engine was built for.
+        """
+        import torch
+
+        artifact = self.artifact
+        names = artifact.input_names
+        if named or len(inputs) != len(names):
+            feeds = dict(zip(names, inputs, strict=False)) | named
+            if len(inputs) > len(names) or set(feeds) != set(names):
+                raise TypeError(f"the engine takes {list(names)}, got {len(inputs)} positional and {sorted(named)}")
+            inputs = tuple(feeds[name] for name in names)
+        values = [value if isinstance(value, torch.Tensor) else torch.as_tensor(value) for value in inputs]
+        for name, value, target in zip(names, values, artifact.inputs, strict=True):
+            if value.shape != target.shape:
+                raise ValueError(f"input {name!r}: built for {list(target.shape)}, got {list(value.shape)}")
+        artifact.staged = None  # the backend's timer must stage its own feeds again
+        if artifact.graph is not None:  # the captured kernels need no flags, no grad mode and no stream of ours
+            for value, target in zip(values, artifact.inputs, strict=True):
+                target.copy_(value, non_blocking=True)
+            artifact.graph.replay()
+            outputs = artifact.outputs
+        else:
+            outputs = self._run_module(values)
+        return outputs[0] if len(outputs) == 1 else list(outputs)
+
+    def _run_module(self, values: list[Any]) -> list[Any]:
+        """Runs the module (no CUDA graph) on the engine's stream with the build's flags."""
+        import contextlib
+
+        import torch
+
+        artifact = self.artifact
+        apply_flags(artifact)
+        stream = artifact.stream
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(artifact.device))  # inputs written by the caller's stream
+        with torch.no_grad(), context:
+            for value, target in zip(values, artifact.inputs, strict=True):
+                target.copy_(value, non_blocking=True)
+            outputs = artifact.launch()
+        if stream is not None:
+            torch.cuda.current_stream(artifact.device).wait_stream(stream)
+        return outputs
+
+
+def load_engine(out_dir: str | Path, device: str | None = None) -> LoadedEngine:
+    """The exported plan as the run measured it: ``load_exported``, then compiled and captured with its knobs.
+
+    The knobs are the manifest's (``mode``, ``cuda_graphs``, ``tf32``, ``cudnn_benchmark``, ...), and the build
+    is the backend's own (``runtime.make_artifact``): the same ``torch.compile`` call, warm-up and CUDA graph
+    capture, on a stream of its own, as the trial that was timed.
+
+    Args:
+        out_dir: The export directory (``manifest.json``, ``module_state.pt``).
+        device: Where to run; default the device the run built for (``manifest.json``'s ``device``).
+
+    Raises:
+        BuildError: The rebuilt module's compile or capture failed.
+    """
+    from autotune.model import InputSpec
+
+    manifest = json.loads((Path(out_dir) / "manifest.json").read_text())
+    device = device or str(manifest.get("device", {}).get("device", "cpu"))
+    module = load_exported(out_dir, "cpu")
+    inputs = [InputSpec(spec["name"], tuple(spec["shape"]), spec["dtype"]) for spec in manifest["inputs"]]
+    knobs = dict(manifest["knobs"])
+    if not device.startswith("cuda"):  # the CPU runs eager, as every CPU build
+        knobs["mode"] = "eager"
+    return LoadedEngine(make_artifact(module, inputs, device, knobs, []))

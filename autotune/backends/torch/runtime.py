@@ -93,6 +93,9 @@ class TorchArtifact:
         outputs: With a graph: the output tensors it writes.
         staged: The feeds copied in last (``time_run`` copies only other ones).
         events: CUDA start and end events that time a launch (None on the CPU).
+        build_stages_s: Seconds per stage of the build, in order: ``rewrite`` (the module rewrite, set by the
+            backend), ``to_device``, ``first_call`` (dynamo and inductor compile there), ``warmup`` (the other
+            warm-up calls), ``capture`` (the CUDA graph, and its first replay).
     """
 
     module: Any
@@ -108,6 +111,7 @@ class TorchArtifact:
     outputs: list[Any] = field(default_factory=list)
     staged: Any = None
     events: tuple[Any, Any] | None = None
+    build_stages_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def is_cuda(self) -> bool:
@@ -214,7 +218,9 @@ def make_artifact(
     """
     import torch
 
+    started = time.perf_counter()
     module = module.to(device).eval()
+    stages = {"to_device": time.perf_counter() - started}
     artifact = TorchArtifact(
         module=module,
         forward=compiled(module, knobs),
@@ -222,10 +228,13 @@ def make_artifact(
         input_names=[spec.name for spec in inputs],
         device=device,
         knobs=knobs,
+        build_stages_s=stages,
     )
     if not artifact.is_cuda:
+        started = time.perf_counter()
         with torch.no_grad():
             check_output_shapes(artifact.launch(), output_shapes)
+        stages["first_call"] = time.perf_counter() - started
         return artifact
     index = torch.device(device).index
     if index is not None:  # graph capture and compiled kernels use the current device
@@ -235,11 +244,18 @@ def make_artifact(
     artifact.stream = stream
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.no_grad():
+        started = time.perf_counter()
         with torch.cuda.stream(stream):
-            for _ in range(3):  # the first call compiles; then the caching allocator and cuDNN settle
+            for call in range(3):  # the first call compiles; then the caching allocator and cuDNN settle
                 outputs = artifact.launch()
+                if call == 0:
+                    stream.synchronize()
+                    stages["first_call"] = time.perf_counter() - started
+                    started = time.perf_counter()
         stream.synchronize()
+        stages["warmup"] = time.perf_counter() - started
         check_output_shapes(outputs, output_shapes)
+        started = time.perf_counter()
         if knobs[CUDA_GRAPHS_KNOB]:
             graph = torch.cuda.CUDAGraph()
             # cuBLAS keeps one workspace per stream, allocated outside any graph by the warm-up above. A graph
@@ -255,6 +271,7 @@ def make_artifact(
             with torch.cuda.stream(stream):
                 artifact.launch()  # a replay that fails should fail the build, not the measurement
             stream.synchronize()
+            stages["capture"] = time.perf_counter() - started
     artifact.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
     return artifact
 
@@ -331,3 +348,31 @@ def time_launch(artifact: TorchArtifact, feeds: Mapping[str, np.ndarray]) -> flo
             end_event.record(artifact.stream)
         end_event.synchronize()
         return float(start_event.elapsed_time(end_event))
+
+
+def time_back_to_back(artifact: TorchArtifact, feeds: Mapping[str, np.ndarray], launches: int) -> float:
+    """Milliseconds per launch of ``launches`` launches back to back: events around them all, divided by their number.
+
+    As ``time_launch``, the feeds are staged outside the timing; on the CPU the wall clock.
+    """
+    import torch
+
+    apply_flags(artifact)
+    with torch.no_grad():
+        if artifact.stream is None:
+            if feeds is not artifact.staged:
+                stage(artifact, feeds)
+            start = time.perf_counter()
+            for _ in range(launches):
+                artifact.launch()
+            return (time.perf_counter() - start) * 1e3 / launches
+        start_event, end_event = artifact.events
+        with torch.cuda.stream(artifact.stream):
+            if feeds is not artifact.staged:
+                stage(artifact, feeds)
+            start_event.record(artifact.stream)
+            for _ in range(launches):
+                artifact.launch()
+            end_event.record(artifact.stream)
+        end_event.synchronize()
+        return float(start_event.elapsed_time(end_event)) / launches

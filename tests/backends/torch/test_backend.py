@@ -180,3 +180,8 @@ def test_a_search_on_the_torch_backend_seeds_whole_model_floats_then_quantized_p
     quantized = [space.uniform(p, {"base_precision": fastest}) for p in offered if p in ("int8", "fp8")]
     assert [t.plan for t in trials[len(floats) : len(offered)]] == quantized
     assert len(trials) == 6 and summary["builds"] == 6
+    # the confirmation times the winner, FP32 and the one-liners back to back too; the search does not
+    assert not any(t.back_to_back_ms for t in trials)
+    rows = [summary["winner"], *summary["references"].values()]
+    assert all(row["back_to_back_ms"] > 0 and row["reference_back_to_back_ms"] > 0 for row in rows)
+    assert summary["winner_over_best_reference_back_to_back"] is None or summary["best_reference"] is not None

@@ -133,6 +133,24 @@ def test_the_base_precision_knob_offers_what_the_device_runs_fp32_first():
     assert "attention" not in {k.name for k in torch_capabilities(_cuda((9, 0)), ("eager",)).knobs}
 
 
+def test_the_numerically_neutral_knobs_are_free_and_the_others_searched():
+    knobs = torch_capabilities(_cuda((9, 0)), ("sdpa", "eager")).knobs
+    assert {k.name for k in knobs if k.free} == {"attention", "cuda_graphs", "cudnn_benchmark"}
+    # TF32 and the base change the numbers; gemm_backends acts in max-autotune only, which no seed runs
+    assert {k.name for k in knobs if not k.free} == {"mode", "gemm_backends", "tf32", "base_precision"}
+    without_convolutions = torch_capabilities(_cuda((9, 0)), ("sdpa", "eager"), convolutions=False).knobs
+    assert {k.name for k in without_convolutions if k.free} == {"attention", "cuda_graphs"}  # cuDNN tunes nothing
+    from autotune.backends.torch.backend import has_convolutions
+
+    assert has_convolutions(tiny_torch_cnn()) and not has_convolutions(tiny_torch_mlp())
+    restricted = build_space(
+        [_layer("/fc1/Gemm", "a")],
+        Capabilities({"Gemm": ("fp32",)}, knobs),
+        SearchSpaceConfig(knobs={"cuda_graphs": [True]}),
+    )
+    assert [k.name for k in restricted.free_knobs] == ["cudnn_benchmark", "attention"]  # one value: nothing to fix
+
+
 def test_uniform_plans_set_the_knobs_that_follow_the_precision():
     layers = [_layer("/fc1/Gemm", "a"), _layer("/fc2/Gemm", "b")]
     capabilities = Capabilities(
@@ -144,6 +162,11 @@ def test_uniform_plans_set_the_knobs_that_follow_the_precision():
     assert space.uniform("bf16", {"base_precision": "fp32"}).knob("base_precision") == "fp32"  # explicit wins
     assert space.uniform("int8").knob("base_precision") == "fp32"  # no int8 base: the default
     assert space.uniform("fp32") == space.plan()  # the FP32 reference is unchanged
+    without_convolutions = torch_capabilities(_cuda((9, 0)), ("sdpa", "eager"), convolutions=False).knobs
+    assert {k.name for k in without_convolutions if k.free} == {"attention", "cuda_graphs"}  # cuDNN tunes nothing
+    from autotune.backends.torch.backend import has_convolutions
+
+    assert has_convolutions(tiny_torch_cnn()) and not has_convolutions(tiny_torch_mlp())
     restricted = build_space(layers, capabilities, SearchSpaceConfig(knobs={"base_precision": ["fp32", "bf16"]}))
     assert restricted.uniform("fp16").knob("base_precision") == "fp32"  # not offered: left at the default
     assert restricted.uniform("bf16").knob("base_precision") == "bf16"
@@ -179,7 +202,7 @@ def test_one_liner_references_build_and_run_on_the_cpu(runner, tmp_path):
     backend = runner.backend
     offered = backend.references()
     assert "torch-tf32" not in offered  # no TF32 on the CPU
-    assert offered == tuple(f"torch-{p}" for p in ("fp16", "bf16") if p in CPU_OPS)
+    assert offered == tuple(f"torch-{p}" for p in ("fp16", "bf16") if p in CPU_OPS)  # torchao-fp8 is CUDA only
     if "torch-bf16" not in offered:
         pytest.skip("bf16 does not run on this CPU")
     with pytest.raises(BuildError, match="no reference 'torch-tf32'"):
@@ -233,9 +256,13 @@ def test_attention_is_a_knob_only_where_the_model_can_swap_it():
     with pytest.raises(BuildError, match="no transformers model"):
         set_attention(tiny_torch_mlp(), "sdpa")
     bert = _tiny_bert()
-    assert attention_implementations(bert) == ("eager", "sdpa")
+    # SDPA first although the factory set eager: it is what from_pretrained gives the model's users by default.
+    assert attention_implementations(bert) == ("sdpa", "eager")
     wrapped = nn.Sequential(bert)  # found at any depth, as MiniLM's factory nests its BertModel
-    assert attention_implementations(wrapped) == ("eager", "sdpa")
+    assert attention_implementations(wrapped) == ("sdpa", "eager")
+    bert.__class__ = type("NoSdpaBert", (type(bert),), {"_supports_sdpa": False})
+    assert attention_implementations(bert) == ()  # eager only: nothing to swap, and eager is the users' default
+    bert.__class__ = type(bert).__mro__[1]
     swapped = rewrite_module(wrapped, {}, attention="sdpa")
     assert swapped[0].config._attn_implementation == "sdpa" and bert.config._attn_implementation == "eager"
     ids = torch.randint(0, 64, (2, 8))
@@ -245,6 +272,37 @@ def test_attention_is_a_knob_only_where_the_model_can_swap_it():
         expected = bert(input_ids=ids, attention_mask=mask).last_hidden_state
         got = swapped[0](input_ids=ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_one_liners_and_the_default_plan_run_the_users_attention(tmp_path):
+    """The references are built on the attention a transformers user has (SDPA), not the factory's eager one."""
+    from autotune.backends.torch import TorchBackend
+    from autotune.config import TorchOptions
+
+    _tiny_bert()  # skips without transformers
+    backend = TorchBackend("tests.backends.torch.test_base_precision:_tiny_bert", TorchOptions(device="cpu"))
+    knobs = {k.name: k for k in backend.capabilities().knobs}
+    assert knobs["attention"].default == "sdpa"
+    assert backend.knob_values({})["attention"] == "sdpa"
+    module = rewrite_module(backend.fp32_module(), {}, attention=str(backend.knob_values({})["attention"]))
+    assert module.config._attn_implementation == "sdpa"
+    assert backend.fp32_module().config._attn_implementation == "eager"  # the export's module is left alone
+
+
+def test_the_torchao_fp8_one_liner_is_offered_on_fp8_gpus_with_torchao(monkeypatch):
+    from autotune.backends.torch import backend as torch_backend
+
+    fake = object.__new__(torch_backend.TorchBackend)
+    fake.info = _cuda((9, 0))
+    fake._capabilities = torch_capabilities(fake.info, ("sdpa", "eager"))
+    monkeypatch.setattr(torch_backend, "torchao_installed", lambda: True)
+    assert fake.references() == ("torch-tf32", "torch-fp16", "torch-bf16", "torchao-fp8")
+    monkeypatch.setattr(torch_backend, "torchao_installed", lambda: False)
+    assert "torchao-fp8" not in fake.references()
+    monkeypatch.setattr(torch_backend, "torchao_installed", lambda: True)
+    fake.info = _cuda((8, 0))  # an A100: no FP8 GEMMs
+    fake._capabilities = torch_capabilities(fake.info, ("sdpa", "eager"))
+    assert "torchao-fp8" not in fake.references()
 
 
 # ---- the GPU (skipped without CUDA) -------------------------------------------------------------------------
@@ -257,7 +315,10 @@ def test_gpu_base_precision_plans_and_one_liners(cuda_runner):
     feeds = cuda_runner.datasets["evaluation"].batches[0]
     expected = backend.run(cuda_runner.reference, feeds)[0]
     if backend.info.capability >= (8, 0):  # TF32 and bf16 from Ampere on
-        assert backend.references() == ("torch-tf32", "torch-fp16", "torch-bf16")
+        from autotune.backends.torch.backend import torchao_installed
+
+        fp8 = backend.info.capability >= (8, 9) and torchao_installed()  # torchao's FP8 one-liner from Ada on
+        assert backend.references() == ("torch-tf32", "torch-fp16", "torch-bf16", *(("torchao-fp8",) if fp8 else ()))
     layers = space.layer_names
     plans = [space.uniform("fp16"), space.plan({layers[0]: "fp32", layers[1]: "fp16"}, {"base_precision": "fp16"})]
     if "int8" in space.choices[0]:
