@@ -379,12 +379,12 @@ def train(
 ) -> Any:
     """Trains MaskablePPO until the build budget is spent.
 
-    With ``ppo.probe_plans``, an orthogonal design of plans is built first (:mod:`autotune.search.design`). A fresh
-    policy is then cloned toward the model's best plan (``ppo.imitation``, :func:`imitate`). Then
+    With ``planner.probe_plans``, an orthogonal design of plans is built first (:mod:`autotune.search.design`). A fresh
+    policy is then cloned toward the model's best plan (``planner.imitation``, :func:`imitate`). Then
     real updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes
     scored by the additive model of the trials so far, which cost no build (Dyna): the agent learns which layers
     pay from a few dozen builds, and every plan it builds corrects the model. Each planning step builds the
-    model's best plans within the search budget, and one bolder (``ppo.bold_plan``).
+    model's best plans within the search budget, and one bolder (``planner.bold_plan``).
 
     Args:
         config: The run's config (``ppo``, ``seed``, ``budget``, ``reward``).
@@ -465,9 +465,9 @@ def train(
     cloned = model.num_timesteps > 0
     try:
         known_prior = prior() if prior is not None else None
-        if known_prior is not None and surrogate is not None and config.ppo.build_model_plan:
+        if known_prior is not None and surrogate is not None and config.planner.build_model_plan:
             _opening(config, space, evaluate, builds, surrogate, measured)
-        if config.ppo.probe_plans:
+        if config.planner.probe_plans:
             # On a resumed run the store answers the probes already built, at no cost.
             _build_all(
                 _probes(config, space, known_prior, measured), evaluate, evaluate_many, builds, config.budget.builds
@@ -476,9 +476,9 @@ def train(
         for _ in range(max_updates):
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
             current[0] = surrogate() if surrogate is not None and config.ppo.imagined_episodes else None
-            if current[0] is not None and not cloned and config.ppo.imitation > 0:
+            if current[0] is not None and not cloned and config.planner.imitation > 0:
                 best = model_best_plan(current[0], space, config.search_budget, seed=config.seed)
-                imitate(model, imagined.envs[0], best, config.ppo.imitation)
+                imitate(model, imagined.envs[0], best, config.planner.imitation)
                 cloned = True
             episodes = pace.rehearsal_episodes(config.ppo.imagined_episodes, rollout_episodes)
             if current[0] is not None and episodes > 0:
@@ -487,7 +487,7 @@ def train(
                 model.learn(-(-episodes // rollout_episodes) * rollout, reset_num_timesteps=fresh, log_interval=1)
                 pace.rehearsed(episodes, time.perf_counter() - started)
                 fresh = False
-            if config.ppo.build_model_plan and current[0] is not None and builds() < config.budget.builds:
+            if config.planner.build_model_plan and current[0] is not None and builds() < config.budget.builds:
                 # Dyna's planning step: the plan the model of the trials rates best, built for real; a
                 # wrong model is corrected by its own result, and the store answers a repeat for free.
                 known = measured() if measured is not None else ()
@@ -495,7 +495,7 @@ def train(
                     current[0],
                     space,
                     config.search_budget,
-                    envs * config.ppo.model_plans,
+                    envs * config.planner.model_plans,
                     config.seed + builds(),
                     known,
                 )

@@ -324,6 +324,15 @@ class PPOConfig(_Strict):
     reward_shaping: bool = True
     """Pay each layer step the change in the reward its per-layer estimates predict (potential-based shaping:
     the episode's return is unchanged); False: one sparse reward at the end of the episode."""
+
+
+class PlannerConfig(_Strict):
+    """The surrogate planner: the plans the additive model of the trials proposes, its priors, the bold places.
+
+    Its plans are the opening, the probes, the model's best plans and the bold plans; it is a peer of the PPO policy
+    (``ppo``), which holds only the policy's hyperparameters.
+    """
+
     probe_plans: bool = True
     """Build an orthogonal design of plans first (every layer quantized in half of them; at most a third of the
     build budget), so the additive model tells every layer's saving and drop apart from the start."""
@@ -334,7 +343,7 @@ class PPOConfig(_Strict):
     """Distinct plans of the model (its best unmeasured ones) built at each planning step, per worker."""
     bold_plan: float = Field(0.6, ge=0, le=1)
     """Each planning step also builds the model's best unmeasured plan whose drop is this fraction of the way from
-    the search budget to the accuracy budget: where a finalist's bold place (``confirm.bold_places``) is, and
+    the search budget to the accuracy budget: where a finalist's bold place (``bold_places``) is, and
     where held-out data decides whether a plan meets the budget. 0 (or no ``search.budget_headroom``): off."""
     imitation: float = Field(0.9, ge=0, lt=1)
     """Before its first rehearsal, the policy learns to choose the model's best plan with this mean probability per
@@ -347,15 +356,15 @@ class PPOConfig(_Strict):
     sixth of the build budget). Without layerwise calibration only the savings have a prior."""
     prior_weight: float = Field(2.0, gt=0)
     """How many trials' worth a layer's prior counts in the additive fit (its ridge weight toward the prior)."""
+    bold_places: int = Field(2, ge=0)
+    """Of the ``confirm.top_k`` finalist places, up to this many go to the fastest plans between the search budget and
+    the accuracy budget, where each is faster than every plan within the search budget (``autotune.search.select``)."""
 
 
 class ConfirmConfig(_Strict):
     """Re-measurement of the finalists before export: many short rounds, each compared within itself."""
 
     top_k: int = Field(5, gt=0)
-    bold_places: int = Field(2, ge=0)
-    """Of the ``top_k`` places, up to this many go to the fastest plans between the search budget and the accuracy
-    budget, where each is faster than every plan within the search budget (``autotune.search.select``)."""
     repeats: int = Field(10, ge=1)
     rounds: int = Field(8, ge=1)
     self_check: bool = True
@@ -415,6 +424,7 @@ class TuneConfig(_Strict):
     accuracy_budget: float = Field(0.01, ge=0)
     """Largest accuracy drop allowed, in the metric's units."""
     budget: BudgetConfig = BudgetConfig()
+    planner: PlannerConfig = PlannerConfig()
     ppo: PPOConfig = PPOConfig()
     confirm: ConfirmConfig = ConfirmConfig()
     execution: ExecutionConfig = ExecutionConfig()
@@ -442,8 +452,8 @@ class TuneConfig(_Strict):
 
     @property
     def bold_budget(self) -> float:
-        """The drop the agent's bold plans aim at: ``ppo.bold_plan`` of the way from the search budget to the budget."""
-        return self.search_budget + self.ppo.bold_plan * (self.accuracy_budget - self.search_budget)
+        """The drop the bold plans aim at: ``planner.bold_plan`` of the way from the search budget to the budget."""
+        return self.search_budget + self.planner.bold_plan * (self.accuracy_budget - self.search_budget)
 
     @property
     def run_dir(self) -> Path:
@@ -499,6 +509,34 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         fix((data.get("data") or {}).get(split), "npz")
 
 
+MOVED_KEYS: dict[tuple[str, str], str] = {
+    **{
+        ("ppo", key): f"planner.{key}"
+        for key in (
+            "probe_plans",
+            "build_model_plan",
+            "model_plans",
+            "bold_plan",
+            "imitation",
+            "priors",
+            "prior_weight",
+        )
+    },
+    ("confirm", "bold_places"): "planner.bold_places",
+}
+"""Keys that moved to another section, old (section, key) to the new dotted key: an old config gets one line."""
+
+
+def _check_moved_keys(data: dict[str, Any], source: str) -> None:
+    moved = [
+        f"{section}.{key} is now {new}"
+        for (section, key), new in MOVED_KEYS.items()
+        if isinstance(data.get(section), dict) and key in data[section]
+    ]
+    if moved:
+        raise ConfigError(f"invalid config {source}: {'; '.join(moved)} (the surrogate planner has its own section)")
+
+
 def parse_config(data: Any, source: str = "<dict>") -> TuneConfig:
     """Validates a raw config mapping.
 
@@ -509,6 +547,7 @@ def parse_config(data: Any, source: str = "<dict>") -> TuneConfig:
         raise ConfigError(
             f"invalid config {source}: the top level must be a mapping of keys, got {type(data).__name__}"
         )
+    _check_moved_keys(data, source)
     try:
         return TuneConfig.model_validate(data)
     except ValidationError as error:

@@ -391,7 +391,7 @@ def run_search(
     if strategy == "ppo":
         from autotune.agent import train
 
-        inputs = prior_inputs(config, space, evaluator) if config.ppo.priors else None
+        inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
         if inputs is not None:
             store_prior_inputs(evaluator.store, inputs)
         fitted = RefittedEstimates(
@@ -400,7 +400,7 @@ def run_search(
             {knob.name: knob.default for knob in space.knobs},
             count=lambda: len(evaluator.store),
             prior_inputs=inputs,
-            prior_weight=config.ppo.prior_weight,
+            prior_weight=config.planner.prior_weight,
         )
         train(
             config,

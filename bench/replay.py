@@ -7,7 +7,7 @@ log-normal noise and the model's accuracy drop. A variant is a list of config ov
 
 Usage (the stores of earlier real runs; ``--set`` once per override of the variant):
     python bench/replay.py configs/minilm-cpu.yaml --stores 'runs/minilm-cpu*/trials.sqlite' --seeds 0 1
-    python bench/replay.py configs/minilm-cpu.yaml --stores '...' --set ppo.probe_plans=false --noise 0.06
+    python bench/replay.py configs/minilm-cpu.yaml --stores '...' --set planner.probe_plans=false --noise 0.06
 
 Prints the simulator's best plan within the search budget (a local search over plans with default knobs: the ceiling
 of what any strategy can find, as far as the simulator knows), how well the same fit predicts trials it has not
@@ -210,18 +210,18 @@ def replay(
         held_out: How finalists are confirmed; None skips the confirmation (no ``winner_*`` keys).
     """
     agent = strategy.startswith("ppo")
-    extra = ["ppo.priors=false"] if strategy == "ppo-noprior" else []
+    extra = ["planner.priors=false"] if strategy == "ppo-noprior" else []
     # A simulated build takes no time, so a paced agent would never rehearse: the replay runs the rehearsals that
     # builds as slow as MiniLM's pay for in full (ppo.compute_share; an override still wins).
     config = load_config(config_path, [f"seed={seed}", "ppo.compute_share=0", *overrides, *extra])
     built: list[TrialResult] = []
-    use_prior = prior if agent and config.ppo.priors else None
+    use_prior = prior if agent and config.planner.priors else None
     fitted = RefittedEstimates(
         lambda: built,
         space.layer_names,
         {knob.name: knob.default for knob in space.knobs},
         prior_inputs=use_prior,
-        prior_weight=config.ppo.prior_weight,
+        prior_weight=config.planner.prior_weight,
     )
     answered: dict[str, TrialResult] = {}
     rng = np.random.default_rng(seed)
@@ -443,7 +443,7 @@ def main() -> int:
     ]
     defaults = {knob.name: knob.default for knob in space.knobs}
     toward_prior = args.truth_prior_weight or args.truth_saving_weight
-    prior = stored_prior_inputs(paths, config, space) if config.ppo.priors or toward_prior else None
+    prior = stored_prior_inputs(paths, config, space) if config.planner.priors or toward_prior else None
     truth = fit_truth(real, defaults, space.layer_names, prior, args.truth_prior_weight, args.truth_saving_weight)
     if truth is None:
         raise SystemExit(f"{args.stores}: too few successful trials to fit a simulator")

@@ -27,7 +27,10 @@ def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path,
     space = tiny_space()
     real, built = _recording_evaluator(space)
     config = tiny_config(
-        tmp_path, budget={"builds": 18}, ppo={"episodes_per_update": 2, "imagined_episodes": 0, "probe_plans": probes}
+        tmp_path,
+        budget={"builds": 18},
+        ppo={"episodes_per_update": 2, "imagined_episodes": 0},
+        planner={"probe_plans": probes},
     )
     train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
     expected = probe_plans(space, max_plans=18 // 3)
@@ -94,13 +97,16 @@ class _FixedModel:
         return TrialResult(plan=plan, speedup=speedup, accuracy_drop=drop, split="surrogate", from_store=True)
 
 
-def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **ppo):
+def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **planner):
     """An agent trained on ``_FixedModel`` with the planning step, no probes: config, model, space, built plans."""
     space = tiny_space()
     real, built = _recording_evaluator(space)
-    settings = {"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True}
     config = tiny_config(
-        tmp_path, budget={"builds": builds}, search={"budget_headroom": headroom}, ppo={**settings, **ppo}
+        tmp_path,
+        budget={"builds": builds},
+        search={"budget_headroom": headroom},
+        ppo={"episodes_per_update": 2, "imagined_episodes": 2},
+        planner={"probe_plans": False, "build_model_plan": True, **planner},
     )
     model = _FixedModel()
     train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
@@ -319,8 +325,12 @@ def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_ye
             measured[plan.hash] = evaluate(plan)
         return measured[plan.hash]
 
-    settings = {"episodes_per_update": 2, "imagined_episodes": 2, "probe_plans": False, "build_model_plan": True}
-    config = tiny_config(tmp_path, budget={"builds": 12, "stall_episodes": 1}, ppo=settings)
+    config = tiny_config(
+        tmp_path,
+        budget={"builds": 12, "stall_episodes": 1},
+        ppo={"episodes_per_update": 2, "imagined_episodes": 2},
+        planner={"probe_plans": False, "build_model_plan": True},
+    )
     model = _FixedModel()
     train(
         config,

@@ -411,3 +411,21 @@ def test_dump_config_is_plain_yaml():
     loaded = yaml.safe_load(text)
     assert loaded["name"] == "run1"
     assert loaded["model"]["onnx"] == "/abs/model.onnx"
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("ppo", "probe_plans"), ("ppo", "imitation"), ("ppo", "prior_weight"), ("confirm", "bold_places")],
+)
+def test_a_planner_key_in_its_old_section_gets_one_line_naming_the_new_key(section, key):
+    data = _raw(**{section: {key: 1}})
+    with pytest.raises(ConfigError) as error:
+        parse_config(data)
+    assert "\n" not in str(error.value)
+    assert f"{section}.{key} is now planner.{key}" in str(error.value)
+
+
+def test_the_planner_section_is_its_own():
+    config = parse_config(_raw(planner={"probe_plans": False, "bold_places": 1}, ppo={"gamma": 0.9}))
+    assert (config.planner.probe_plans, config.planner.bold_places, config.ppo.gamma) == (False, 1, 0.9)
+    assert not hasattr(config.ppo, "probe_plans") and not hasattr(config.confirm, "bold_places")

@@ -112,10 +112,10 @@ def test_sigkill_then_resume_loses_no_trial_and_measures_none_twice(tmp_path):
         ppo={
             "episodes_per_update": 2,
             "checkpoint_every_builds": 5,
-            "priors": False,
             "imagined_episodes": 8,
             "n_epochs": 2,
         },
+        planner={"priors": False},
     )
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(dump_config(config))

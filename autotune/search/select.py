@@ -125,7 +125,7 @@ def confirmation_order(
     """Plans to confirm, best bet first.
 
     The first ``confirm.top_k`` places: the fastest plans within the search budget, then (where there are any)
-    bolder bets: up to ``confirm.bold_places`` of the fastest plans between the search budget and the accuracy
+    bolder bets: up to ``planner.bold_places`` of the fastest plans between the search budget and the accuracy
     budget itself, each faster than all of them. The headroom only steers the search; the held-out data decides
     whether such a plan meets the budget (on MiniLM a plan at 0.89 of the budget on the search data held 0.96 of
     it on held-out data, and won). A second place raises the odds that one of the bold bets holds: the held-out
@@ -156,7 +156,7 @@ def confirmation_order(
         ),
         key=speed,
         reverse=True,
-    )[: min(config.confirm.bold_places, config.confirm.top_k - 1 if within else config.confirm.top_k)]
+    )[: min(config.planner.bold_places, config.confirm.top_k - 1 if within else config.confirm.top_k)]
     fastest = within[: max(1, config.confirm.top_k - len(bolder))]
     order = [*fastest, *bolder]
     seen = {r.plan_hash for r in order}

@@ -49,7 +49,8 @@ def test_ctrl_c_or_sigterm_ends_the_run_cleanly_and_resume_finishes_it(tmp_path,
         budget={"builds": budget},
         # A few imagined episodes per update and no priors (they start the rehearsals from the first build): the
         # test is about the interrupt, and on a model whose builds take milliseconds the rehearsals set the pace.
-        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5, "imagined_episodes": 8, "priors": False},
+        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 5, "imagined_episodes": 8},
+        planner={"priors": False},
     )
     store_path = config.run_dir / "trials.sqlite"
     process = start("tune", write_config(tmp_path, config), "--no-progress", cwd=tmp_path)
@@ -90,7 +91,8 @@ def test_ctrl_c_with_workers_side_by_side_leaves_no_worker_and_resume_finishes(t
     config = fast_config(
         tmp_path,
         budget={"builds": budget},
-        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 4, "imagined_episodes": 8, "priors": False},
+        ppo={"episodes_per_update": 2, "checkpoint_every_builds": 4, "imagined_episodes": 8},
+        planner={"priors": False},
         execution={"workers": 2},
         backend={"intra_op_threads": 1},
     )

@@ -58,7 +58,8 @@ def test_up_to_bold_places_finalist_places_go_to_faster_plans_between_the_budget
         tmp_path,
         accuracy_budget=0.01,
         search={"budget_headroom": 0.2},
-        confirm={"top_k": 4, "bold_places": bold_places},
+        confirm={"top_k": 4},
+        planner={"bold_places": bold_places},
     )
     within = [("fast", 1.5, 0.007), ("next", 1.4, 0.006), ("third", 1.3, 0.005), ("fourth", 1.2, 0.004)]
     zone = [("bold", 1.9, 0.0085), ("bolder", 2.0, 0.0095), ("slower_zone", 1.45, 0.009)]
