@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +12,13 @@ from autotune.files import atomic_write
 from autotune.interrupt import interrupts_held
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
+from autotune.search.driver import Driver, Harness
 from autotune.search.episode import neighbours
 from autotune.search.estimate import Surrogate
 from autotune.search.prior import LayerPrior, unsure_groups
+from autotune.search.reward import meets_budget
 from autotune.search.space import SearchSpace
+from autotune.search.strategies import Steps, Stepwise
 from autotune.trial import TrialResult
 
 LATEST = "latest.zip"
@@ -44,31 +47,9 @@ class ComputePace:
         self.build_s = 0.0
         self.episode_s: float | None = None
 
-    def evaluate(self, evaluate: Callable[[Plan], TrialResult]) -> Callable[[Plan], TrialResult]:
-        """``evaluate``, its wall time counted as building."""
-
-        def timed(plan: Plan) -> TrialResult:
-            start = self.clock()
-            try:
-                return evaluate(plan)
-            finally:
-                self.build_s += self.clock() - start
-
-        return timed
-
-    def evaluate_many(
-        self, evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]]
-    ) -> Callable[[list[Plan], int], Iterable[TrialResult]]:
-        """``evaluate_many``, the wall time of its results counted as building."""
-
-        def timed(plans: list[Plan], limit: int) -> Iterable[TrialResult]:
-            start = self.clock()
-            try:
-                yield from evaluate_many(plans, limit)
-            finally:
-                self.build_s += self.clock() - start
-
-        return timed
+    def harness(self, harness: Harness) -> Harness:
+        """``harness``, the wall time of its results counted as building."""
+        return _TimedHarness(harness, self)
 
     @property
     def agent_s(self) -> float:
@@ -92,6 +73,32 @@ class ComputePace:
         """Records a rehearsal's episodes and wall time, which price the next one."""
         if episodes > 0:
             self.episode_s = seconds / episodes
+
+
+class _TimedHarness:
+    """A harness whose ``evaluate_many`` adds its wall time to a pace's building time."""
+
+    def __init__(self, inner: Harness, pace: ComputePace):
+        self.inner = inner
+        self.pace = pace
+
+    @property
+    def builds(self) -> int:
+        """Builds spent so far (store hits excluded)."""
+        return self.inner.builds
+
+    @property
+    def workers(self) -> int:
+        """Builds that run at once."""
+        return self.inner.workers
+
+    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
+        """See :meth:`Harness.evaluate_many`."""
+        start = self.pace.clock()
+        try:
+            yield from self.inner.evaluate_many(plans, limit)
+        finally:
+            self.pace.build_s += self.pace.clock() - start
 
 
 def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) -> None:
@@ -171,31 +178,28 @@ def _side_by_side(factories: list[Callable[[], Any]], prefetch: Callable[[list[P
     return SideBySide(factories)
 
 
-def _real_envs(
-    make_env: Callable[[Callable[[Plan], TrialResult]], Callable[[], Any]],
-    evaluate: Callable[[Plan], TrialResult],
-    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None,
-    envs: int,
-    builds: Callable[[], int],
-    budget: int,
-) -> Any:
-    """The vectorised env of the real rollouts: one env, or ``envs`` whose final steps are built side by side."""
+def _real_envs(make_env: Callable[[Callable[[Plan], TrialResult]], Callable[[], Any]], driver: Driver) -> Any:
+    """The vectorised env of the real rollouts: one env, or one per worker, whose final steps are built side by side.
+
+    A plan past the budget gets a failure that is never built or stored; the callback ends training at that step.
+    """
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    if envs == 1 or evaluate_many is None:
-        return DummyVecEnv([make_env(evaluate)])
     prefetched: dict[str, TrialResult] = {}
 
     def prefetch(plans: list[Plan]) -> None:
-        for result in evaluate_many(plans, max(0, budget - builds())):
-            prefetched[result.plan_hash] = result
-        for plan in plans:  # past the budget: never built or stored, and the callback ends training at this step
+        prefetched.update((result.plan_hash, result) for result in driver.build(plans))
+        for plan in plans:
             prefetched.setdefault(plan.hash, TrialResult.failure(plan, "not built: the build budget is spent"))
 
     def score(plan: Plan) -> TrialResult:
-        return prefetched.pop(plan.hash) if plan.hash in prefetched else evaluate(plan)
+        if plan.hash not in prefetched:
+            prefetch([plan])
+        return prefetched.pop(plan.hash)
 
-    return _side_by_side([make_env(score) for _ in range(envs)], prefetch)
+    if driver.workers == 1:
+        return DummyVecEnv([make_env(score)])
+    return _side_by_side([make_env(score) for _ in range(driver.workers)], prefetch)
 
 
 def _model_plans(
@@ -213,94 +217,138 @@ def _model_plans(
     return plans
 
 
-def _unbuilt_plans(
-    config: TuneConfig,
-    space: SearchSpace,
-    surrogate: Surrogate | None,
-    measured: Callable[[], Collection[str]] | None,
-    count: int,
-    seed: int,
-) -> list[Plan]:
-    """Up to ``count`` plans not measured yet: the model's best, else the neighbours of its best plan.
+class Planner:
+    """The surrogate planner: the plans the additive model of the trials proposes (``planner:`` in the config).
 
-    Without a model of the trials (or the hashes measured) there is nothing to go on: none.
+    Its rounds, each built by the driver: the opening (the model's best plan from the priors, again after each miss
+    of the search budget), the probes (an orthogonal design), then planning steps (the model's best unmeasured
+    plans and one bold plan); once the model offers no plan not built yet, the neighbours of its best plan. As a
+    :class:`~autotune.search.strategies.Strategy` it is the planner alone; the agent interleaves its planning
+    steps with the PPO policy's rollouts.
+
+    Args:
+        config: The run's config.
+        space: The search space.
+        surrogate: The additive model of the trials so far (None while too few).
+        measured: Hashes of the plans measured so far.
+        prior: The per-layer priors (None without).
+        workers: Builds that run at once: each planning step builds ``workers * planner.model_plans`` plans.
     """
-    if surrogate is None or measured is None:
-        return []
-    known = set(measured())
-    plans = [p for p in _model_plans(surrogate, space, config.search_budget, count, seed, known) if p.hash not in known]
-    if plans:
+
+    independent = False
+
+    def __init__(
+        self,
+        config: TuneConfig,
+        space: SearchSpace,
+        surrogate: Callable[[], Surrogate | None],
+        measured: Callable[[], Collection[str]] | None,
+        prior: Callable[[], LayerPrior | None] | None = None,
+        workers: int = 1,
+    ):
+        self.config = config
+        self.space = space
+        self.surrogate = surrogate
+        self.measured: Callable[[], Collection[str]] = measured or (lambda: ())
+        self._knows_measured = measured is not None
+        self.prior = prior
+        self.workers = workers
+        self._rounds = Stepwise(self._all_rounds())
+
+    def propose(self, n: int) -> list[Plan]:
+        """See :meth:`Strategy.propose`."""
+        return self._rounds.propose(n)
+
+    def observe(self, results: list[TrialResult]) -> None:
+        """See :meth:`Strategy.observe`."""
+        self._rounds.observe(results)
+
+    def _all_rounds(self) -> Steps:
+        yield from self.opening()
+        if self.config.planner.probe_plans:
+            yield self.probes()
+        while True:
+            model, seed = self.surrogate(), self.config.seed + len(self.measured())
+            known = set(self.measured())
+            plans = self.planning_step(model, seed) if model is not None else []
+            plans = [p for p in plans if p.hash not in known] or self.unbuilt(model, self.workers, seed)
+            if not plans:
+                return
+            yield plans
+
+    def opening(self) -> Steps:
+        """The model's best plan from the priors, again after each miss of the search budget (with priors only).
+
+        Each build corrects the model (the drop scale and the terms of the plan's layers), so a miss by a layer's
+        worth is usually fixed by the next plan; at most :data:`OPENING_MODEL_PLANS` builds.
+        """
+        if self.prior is None or self.prior() is None or not self.config.planner.build_model_plan:
+            return
+        for opening in range(OPENING_MODEL_PLANS):
+            model = self.surrogate()
+            if model is None:
+                return
+            plan = model_best_plan(
+                model, self.space, self.config.search_budget, seed=self.config.seed + opening, exclude=self.measured()
+            )
+            results = yield [plan]
+            if not results or (results[0].ok and meets_budget(results[0], self.config.search_budget)):
+                return
+
+    def probes(self) -> list[Plan]:
+        """The probe plans: the whole design without a prior; with one, only over the groups it leaves open.
+
+        With a prior, a store that already holds as many plans as the design has rows (an earlier run's imported
+        trials) needs no probe: the model of those trials is what the probes would give.
+        """
+        config, space = self.config, self.space
+        prior = self.prior() if self.prior is not None else None
+        if prior is None:
+            return probe_plans(space, config.budget.builds // 3)
+        drop = prior.drop(*_default_setting(space))
+        open_groups = unsure_groups(space.groups, drop, config.search_budget)
+        cheap = (
+            []
+            if drop is None
+            else [g for g, group in enumerate(space.groups) if drop[list(group)].sum() <= config.search_budget]
+        )
+        plans = probe_plans(space, config.budget.builds // 6, varied=open_groups, lowered_always=cheap)
+        known = self.measured()
+        if len(known) > len(plans) + 1:  # the all-INT8 plan and more: an earlier run's trials stand in for probes
+            return [plan for plan in plans if plan.hash in known]
         return plans
-    best = model_best_plan(surrogate, space, config.search_budget, seed=seed)
-    return neighbours(space, best, known, seed=seed)[:count]
 
+    def planning_step(self, model: Surrogate, seed: int) -> list[Plan]:
+        """Dyna's planning step: the model's best unmeasured plans within the search budget, and one bold plan.
 
-def _build_all(
-    plans: list[Plan],
-    evaluate: Callable[[Plan], TrialResult],
-    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None,
-    builds: Callable[[], int],
-    budget: int,
-) -> None:
-    """Builds plans while the budget lasts: side by side through ``evaluate_many``, else one by one."""
-    if evaluate_many is not None:
-        list(evaluate_many(plans, max(0, budget - builds())))
-        return
-    for plan in plans:
-        if builds() >= budget:
-            break
-        evaluate(plan)
+        A wrong model is corrected by its own results, and the store answers a repeat for free. The bold plan is a
+        bet for the confirmation: greedy's winners sit past the search budget, where held-out data may still find
+        a plan within the accuracy budget; the plans aimed below it never go there.
+        """
+        config = self.config
+        known = self.measured()
+        count = self.workers * config.planner.model_plans
+        plans = _model_plans(model, self.space, config.search_budget, count, seed, known)
+        if config.bold_budget > config.search_budget:
+            taken = {*known, *(plan.hash for plan in plans)}
+            bold = model_best_plan(model, self.space, config.bold_budget, seed=seed, exclude=taken)
+            plans += [] if bold.hash in taken else [bold]
+        return plans
 
+    def unbuilt(self, model: Surrogate | None, count: int, seed: int) -> list[Plan]:
+        """Up to ``count`` plans not measured yet: the model's best, else the neighbours of its best plan.
 
-def _probes(
-    config: TuneConfig,
-    space: SearchSpace,
-    prior: LayerPrior | None,
-    measured: Callable[[], Collection[str]] | None,
-) -> list[Plan]:
-    """The probe plans: the whole design without a prior; with one, only over the groups it leaves open.
-
-    With a prior, a store that already holds as many plans as the design has rows (an earlier run's imported
-    trials) needs no probe: the model of those trials is what the probes would give.
-    """
-    if prior is None:
-        return probe_plans(space, config.budget.builds // 3)
-    drop = prior.drop(*_default_setting(space))
-    open_groups = unsure_groups(space.groups, drop, config.search_budget)
-    cheap = (
-        []
-        if drop is None
-        else [g for g, group in enumerate(space.groups) if drop[list(group)].sum() <= config.search_budget]
-    )
-    plans = probe_plans(space, config.budget.builds // 6, varied=open_groups, lowered_always=cheap)
-    known = measured() if measured is not None else ()
-    if len(known) > len(plans) + 1:  # the all-INT8 plan and more: an earlier run's trials stand in for probes
-        return [plan for plan in plans if plan.hash in known]
-    return plans
-
-
-def _opening(
-    config: TuneConfig,
-    space: SearchSpace,
-    evaluate: Callable[[Plan], TrialResult],
-    builds: Callable[[], int],
-    surrogate: Callable[[], Surrogate | None],
-    measured: Callable[[], Collection[str]] | None,
-) -> None:
-    """Builds the best plan of a model that starts from the priors, again after each miss of the search budget.
-
-    Each build corrects the model (the drop scale and the terms of the plan's layers), so a miss by a layer's
-    worth is usually fixed by the next plan; at most :data:`OPENING_MODEL_PLANS` builds.
-    """
-    for opening in range(OPENING_MODEL_PLANS):
-        model = surrogate()
-        if model is None or builds() >= config.budget.builds:
-            return
-        known = measured() if measured is not None else ()
-        plan = model_best_plan(model, space, config.search_budget, seed=config.seed + opening, exclude=known)
-        result = evaluate(plan)
-        if result.ok and result.accuracy_drop is not None and result.accuracy_drop <= config.search_budget:
-            return
+        Without a model of the trials (or the hashes measured) there is nothing to go on: none.
+        """
+        if model is None or not self._knows_measured:
+            return []
+        known = set(self.measured())
+        budget = self.config.search_budget
+        plans = [p for p in _model_plans(model, self.space, budget, count, seed, known) if p.hash not in known]
+        if plans:
+            return plans
+        best = model_best_plan(model, self.space, budget, seed=seed)
+        return neighbours(self.space, best, known, seed=seed)[:count]
 
 
 def imitate(model: Any, env: Any, plan: Plan, target: float, max_steps: int = 500) -> float:
@@ -362,169 +410,183 @@ def _default_setting(space: SearchSpace) -> tuple[object, object]:
     return defaults.get(CALIBRATION_KNOB), defaults.get(GRANULARITY_KNOB)
 
 
+class _Agent:
+    """One training run's state: the policy, its real and imagined envs, the pace, the planner and the driver.
+
+    Each method is one part of the loop :meth:`run` reads on one page.
+    """
+
+    def __init__(
+        self, config: TuneConfig, space: SearchSpace, driver: Driver, planner: Planner, pace: ComputePace, **paths: Any
+    ):
+        from stable_baselines3.common.logger import configure
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        self.config, self.space, self.driver, self.planner, self.pace = config, space, driver, planner, pace
+        self.checkpoints: Path = paths["checkpoints"]
+        make_env = self._env_factory(paths["estimates"])
+        self.real = _real_envs(make_env, driver)
+        self.real.seed(config.seed)
+        self.current: Surrogate | None = None  # the model of the trials the imagined episodes are scored by
+        envs = driver.workers
+        self.imagined = DummyVecEnv([make_env(lambda plan: self.current.result(plan)) for _ in range(envs)])
+        self.imagined.seed(config.seed + 1)
+        episode_length = len(self.real.envs[0].unwrapped.steps)
+        n_steps = -(-config.ppo.episodes_per_update // envs) * episode_length  # per env
+        self.rollout = n_steps * envs
+        self.rollout_episodes = self.rollout // episode_length
+        self.model = self._policy(n_steps, paths["resume"])
+        self.model.set_logger(configure(str(paths["tensorboard_dir"]), ["csv", "tensorboard"]))
+        self.fresh = not paths["resume"]
+        # A policy that has learned (a resumed run's) is not cloned again: that would undo what it learned.
+        self.cloned = self.model.num_timesteps > 0
+
+    def _env_factory(self, estimates: Callable[[], Any] | None) -> Callable[[Callable[[Plan], TrialResult]], Any]:
+        from envs.engine_build import EngineBuildEnv  # the env is a shell over autotune.search; only the agent uses it
+
+        config, space = self.config, self.space
+        return lambda score: (
+            lambda: EngineBuildEnv(
+                space,
+                score,
+                config.reward,
+                config.search_budget,
+                estimates=estimates,
+                shaping=config.ppo.reward_shaping,
+            )
+        )
+
+    def _policy(self, n_steps: int, resume: bool) -> Any:
+        """A fresh MaskablePPO on the real envs, or the checkpoint ``latest.zip`` of the run being resumed."""
+        from sb3_contrib import MaskablePPO
+
+        latest, ppo = self.checkpoints / LATEST, self.config.ppo
+        if resume and latest.exists():
+            return MaskablePPO.load(latest, env=self.real, device="cpu")
+        return MaskablePPO(
+            "MlpPolicy",
+            self.real,
+            n_steps=n_steps,
+            batch_size=max(2, self.rollout // ppo.minibatches),
+            n_epochs=ppo.n_epochs,
+            learning_rate=ppo.learning_rate,
+            gamma=ppo.gamma,
+            gae_lambda=ppo.gae_lambda,
+            ent_coef=ppo.ent_coef,
+            clip_range=ppo.clip_range,
+            policy_kwargs={"net_arch": list(ppo.net_arch)},
+            seed=self.config.seed,
+            device="cpu",
+            verbose=0,
+        )
+
+    def run(self) -> None:
+        """The planner's opening and probes, then rehearsal, planning step and real rollout, until the budget."""
+        config, driver = self.config, self.driver
+        driver.run(Stepwise(self.planner.opening()))
+        if config.planner.probe_plans:
+            driver.build(self.planner.probes())  # on a resumed run the store answers the probes already built
+        callback = _make_callback(config, lambda: driver.builds, self.checkpoints, driver.builds)
+        # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
+        for _ in range((config.budget.builds + config.budget.stall_episodes) * 50):
+            # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
+            self.current = self.planner.surrogate() if config.ppo.imagined_episodes else None
+            self.rehearse()
+            if self.plan():  # a rollout would build at least one plan more
+                save_checkpoint(self.model, self.checkpoints, driver.builds)
+                return
+            self.model.set_env(self.real)
+            self.model.learn(self.rollout, callback=callback, reset_num_timesteps=self.fresh, log_interval=1)
+            self.fresh = False
+            if driver.left and callback.stalled >= config.budget.stall_episodes:
+                # A converged policy repeats plans the store answers for free: the budget left goes to plans not
+                # built yet, and the run ends early only when there are none.
+                unbuilt = self.planner.unbuilt(self.current, driver.workers, config.seed + driver.builds)
+                driver.build(unbuilt)
+                callback.stalled = 0 if unbuilt else callback.stalled
+            if not driver.left or callback.stalled >= config.budget.stall_episodes:
+                return
+
+    def rehearse(self) -> None:
+        """Clones a fresh policy toward the model's best plan once, then learns from the episodes the pace allows."""
+        config = self.config
+        if self.current is None:
+            return
+        if not self.cloned and config.planner.imitation > 0:
+            best = model_best_plan(self.current, self.space, config.search_budget, seed=config.seed)
+            imitate(self.model, self.imagined.envs[0], best, config.planner.imitation)
+            self.cloned = True
+        episodes = self.pace.rehearsal_episodes(config.ppo.imagined_episodes, self.rollout_episodes)
+        if episodes > 0:
+            self.model.set_env(self.imagined)
+            started = time.perf_counter()
+            steps = -(-episodes // self.rollout_episodes) * self.rollout
+            self.model.learn(steps, reset_num_timesteps=self.fresh, log_interval=1)
+            self.pace.rehearsed(episodes, time.perf_counter() - started)
+            self.fresh = False
+
+    def plan(self) -> bool:
+        """The planner's step on the model the rehearsal used, built for real; True when it spent the budget."""
+        if not self.config.planner.build_model_plan or self.current is None or not self.driver.left:
+            return False
+        self.driver.build(self.planner.planning_step(self.current, self.config.seed + self.driver.builds))
+        return not self.driver.left
+
+
 def train(
     config: TuneConfig,
     space: SearchSpace,
-    evaluate: Callable[[Plan], TrialResult],
-    builds: Callable[[], int],
+    driver: Driver,
     tensorboard_dir: Path,
     checkpoints: Path,
     resume: bool = False,
     estimates: Callable[[], Any] | None = None,
     surrogate: Callable[[], Surrogate | None] | None = None,
     measured: Callable[[], Collection[str]] | None = None,
-    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None = None,
-    workers: int = 1,
     prior: Callable[[], LayerPrior | None] | None = None,
 ) -> Any:
-    """Trains MaskablePPO until the build budget is spent.
+    """Trains MaskablePPO until the build budget is spent; the planner's plans are built between its rollouts.
 
-    With ``planner.probe_plans``, an orthogonal design of plans is built first (:mod:`autotune.search.design`). A fresh
-    policy is then cloned toward the model's best plan (``planner.imitation``, :func:`imitate`). Then
-    real updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes
-    scored by the additive model of the trials so far, which cost no build (Dyna): the agent learns which layers
-    pay from a few dozen builds, and every plan it builds corrects the model. Each planning step builds the
-    model's best plans within the search budget, and one bolder (``planner.bold_plan``).
+    With ``planner.probe_plans``, an orthogonal design of plans is built first (:mod:`autotune.search.design`). A
+    fresh policy is then cloned toward the model's best plan (``planner.imitation``, :func:`imitate`). Then real
+    updates (``ppo.episodes_per_update`` built plans each) alternate with ``ppo.imagined_episodes`` episodes scored
+    by the additive model of the trials so far, which cost no build (Dyna), as many as the pace allows
+    (:class:`ComputePace`): the agent learns which layers pay from a few dozen builds, and every plan it builds
+    corrects the model. Each planning step builds the model's best plans within the search budget, and one bolder
+    (``planner.bold_plan``). With several workers the rollouts run one env per worker, whose final steps are
+    built together, and each planning step builds ``workers * planner.model_plans`` plans side by side.
 
     Args:
-        config: The run's config (``ppo``, ``seed``, ``budget``, ``reward``).
+        config: The run's config (``ppo``, ``planner``, ``seed``, ``budget``, ``reward``).
         space: The search space.
-        evaluate: Plan to result; called once per episode.
-        builds: Builds spent so far (store hits excluded).
+        driver: Builds the plans within the budget (:class:`~autotune.search.driver.Driver`).
         tensorboard_dir: Where SB3 writes its losses, entropy and explained variance.
         checkpoints: Where checkpoints go; ``latest.zip`` is the one ``resume`` loads.
         resume: Continue from ``checkpoints/latest.zip`` when it exists.
         estimates: Per-layer estimates fitted from the trials so far, for the observations.
         surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
         measured: Hashes of the plans measured so far: the model's plan is the best one not among them.
-        evaluate_many: Plans and a build limit to results, built side by side by ``workers`` workers. Then the
-            probes are built side by side, each planning step builds the ``workers`` best unmeasured plans of the
-            model, and the rollouts run ``workers`` envs whose final steps are built together.
-        workers: Builds that run at once (with ``evaluate_many``).
         prior: The per-layer priors (None without): the model's best plan is built before the probes, which vary
             only the groups the prior leaves open.
 
     Returns:
         The trained model.
     """
-    from sb3_contrib import MaskablePPO
-    from stable_baselines3.common.logger import configure
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    from envs.engine_build import EngineBuildEnv  # the env is a shell over autotune.search; only the agent uses it
-
-    def make_env(score: Callable[[Plan], TrialResult]) -> Callable[[], EngineBuildEnv]:
-        return lambda: EngineBuildEnv(
-            space, score, config.reward, config.search_budget, estimates=estimates, shaping=config.ppo.reward_shaping
-        )
-
-    pace = ComputePace(config.ppo.compute_share)
-    evaluate = pace.evaluate(evaluate)
-    evaluate_many = pace.evaluate_many(evaluate_many) if evaluate_many is not None else None
-    envs = workers if evaluate_many is not None else 1
-    real = _real_envs(make_env, evaluate, evaluate_many, envs, builds, config.budget.builds)
-    real.seed(config.seed)
-    current: list[Surrogate | None] = [None]
-
-    def imagine(plan: Plan) -> TrialResult:
-        model_of_trials = current[0]
-        assert model_of_trials is not None  # imagined episodes run only once a model is fitted
-        return model_of_trials.result(plan)
-
-    imagined = DummyVecEnv([make_env(imagine) for _ in range(envs)])
-    imagined.seed(config.seed + 1)
-    episode_length = len(real.envs[0].unwrapped.steps)
-    n_steps = -(-config.ppo.episodes_per_update // envs) * episode_length  # per env
-    rollout = n_steps * envs
-    latest = checkpoints / LATEST
-    if resume and latest.exists():
-        model = MaskablePPO.load(latest, env=real, device="cpu")
-    else:
-        model = MaskablePPO(
-            "MlpPolicy",
-            real,
-            n_steps=n_steps,
-            batch_size=max(2, rollout // config.ppo.minibatches),
-            n_epochs=config.ppo.n_epochs,
-            learning_rate=config.ppo.learning_rate,
-            gamma=config.ppo.gamma,
-            gae_lambda=config.ppo.gae_lambda,
-            ent_coef=config.ppo.ent_coef,
-            clip_range=config.ppo.clip_range,
-            policy_kwargs={"net_arch": list(config.ppo.net_arch)},
-            seed=config.seed,
-            device="cpu",
-            verbose=0,
-        )
-    model.set_logger(configure(str(tensorboard_dir), ["csv", "tensorboard"]))
-    # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
-    max_updates = (config.budget.builds + config.budget.stall_episodes) * 50
-    rollout_episodes = rollout // episode_length
-    fresh = not resume
-    # A policy that has learned (a resumed run's) is not cloned again: that would undo what it learned.
-    cloned = model.num_timesteps > 0
+    planner = Planner(config, space, surrogate or (lambda: None), measured, prior, driver.workers)
+    harness = driver.harness
+    agent = None
     try:
-        known_prior = prior() if prior is not None else None
-        if known_prior is not None and surrogate is not None and config.planner.build_model_plan:
-            _opening(config, space, evaluate, builds, surrogate, measured)
-        if config.planner.probe_plans:
-            # On a resumed run the store answers the probes already built, at no cost.
-            _build_all(
-                _probes(config, space, known_prior, measured), evaluate, evaluate_many, builds, config.budget.builds
-            )
-        callback = _make_callback(config, builds, checkpoints, builds())
-        for _ in range(max_updates):
-            # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
-            current[0] = surrogate() if surrogate is not None and config.ppo.imagined_episodes else None
-            if current[0] is not None and not cloned and config.planner.imitation > 0:
-                best = model_best_plan(current[0], space, config.search_budget, seed=config.seed)
-                imitate(model, imagined.envs[0], best, config.planner.imitation)
-                cloned = True
-            episodes = pace.rehearsal_episodes(config.ppo.imagined_episodes, rollout_episodes)
-            if current[0] is not None and episodes > 0:
-                model.set_env(imagined)
-                started = time.perf_counter()
-                model.learn(-(-episodes // rollout_episodes) * rollout, reset_num_timesteps=fresh, log_interval=1)
-                pace.rehearsed(episodes, time.perf_counter() - started)
-                fresh = False
-            if config.planner.build_model_plan and current[0] is not None and builds() < config.budget.builds:
-                # Dyna's planning step: the plan the model of the trials rates best, built for real; a
-                # wrong model is corrected by its own result, and the store answers a repeat for free.
-                known = measured() if measured is not None else ()
-                plans = _model_plans(
-                    current[0],
-                    space,
-                    config.search_budget,
-                    envs * config.planner.model_plans,
-                    config.seed + builds(),
-                    known,
-                )
-                if config.bold_budget > config.search_budget:
-                    # A bold bet for the confirmation: greedy's winners sit past the search budget, where held-out
-                    # data may still find a plan within the accuracy budget; the plans aimed below it never go there.
-                    taken = {*known, *(plan.hash for plan in plans)}
-                    bold = model_best_plan(
-                        current[0], space, config.bold_budget, seed=config.seed + builds(), exclude=taken
-                    )
-                    plans += [] if bold.hash in taken else [bold]
-                _build_all(plans, evaluate, evaluate_many, builds, config.budget.builds)
-                if builds() >= config.budget.builds:  # a rollout would build at least one plan more
-                    save_checkpoint(model, checkpoints, builds())
-                    break
-            model.set_env(real)
-            model.learn(rollout, callback=callback, reset_num_timesteps=fresh, log_interval=1)
-            fresh = False
-            if builds() < config.budget.builds and callback.stalled >= config.budget.stall_episodes:
-                # A converged policy repeats plans the store answers for free: the budget left goes to plans not
-                # built yet, and the run ends early only when there are none.
-                unbuilt = _unbuilt_plans(config, space, current[0], measured, envs, builds())
-                _build_all(unbuilt, evaluate, evaluate_many, builds, config.budget.builds)
-                callback.stalled = 0 if unbuilt else callback.stalled
-            if builds() >= config.budget.builds or callback.stalled >= config.budget.stall_episodes:
-                break
+        pace = ComputePace(config.ppo.compute_share)
+        driver.harness = pace.harness(harness)  # the builds' wall time, which the agent's compute is sized to
+        paths = {"tensorboard_dir": tensorboard_dir, "checkpoints": checkpoints}
+        agent = _Agent(config, space, driver, planner, pace, resume=resume, estimates=estimates, **paths)
+        agent.run()
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
         # (The interrupt may come during the probes or a rehearsal, before the callback was attached to the model.)
-        save_checkpoint(model, checkpoints, builds())
+        if agent is not None:
+            save_checkpoint(agent.model, checkpoints, driver.builds)
         raise
-    return model
+    finally:
+        driver.harness = harness
+    return agent.model

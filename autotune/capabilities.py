@@ -21,7 +21,7 @@ class Knob:
             "all FP16" means the whole module in FP16, not only its tunable layers.
         free: The knob's values change the outputs at rounding level only (an attention kernel, CUDA graph
             capture, cuDNN's algorithm search): it costs no accuracy, so a run measures its values once on the
-            fastest uniform seed and fixes the fastest for every later plan (``autotune.tune.fix_free_knobs``)
+            fastest uniform seed and fixes the fastest for every later plan (``autotune.search.driver.fix_free_knobs``)
             instead of searching it. A knob that changes the numbers (TF32, a base precision) or whose effect
             depends on the rest of the plan is not free.
     """

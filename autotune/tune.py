@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.agent import Planner, train
 from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
@@ -31,11 +32,12 @@ from autotune.harness.selfcheck import (
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
+from autotune.search.driver import Driver, build_uniform_seeds, search_with_seeds
 from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order, expected_speedups, profile_speedups, ranking
 from autotune.search.space import SearchSpace
-from autotune.search.strategies import INDEPENDENT_SEARCHES, SEARCHES, SearchContext, search_fixed
+from autotune.search.strategies import SEARCHES, Fixed
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
@@ -216,225 +218,95 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
     }
 
 
-STRATEGIES: tuple[str, ...] = ("ppo", *SEARCHES, *PRECISIONS)
-"""Every strategy ``tune`` runs, and so ``autotune baseline --strategy`` offers: the agent, the searches, and one
-uniform plan per precision (the usual "build with INT8 enabled")."""
+STRATEGIES: tuple[str, ...] = ("ppo", "planner", *SEARCHES, *PRECISIONS)
+"""Every strategy ``tune`` runs, and so ``autotune baseline --strategy`` offers: the agent (the PPO policy with the
+surrogate planner), the planner alone, the searches, and one uniform plan per precision (the usual "build with INT8
+enabled")."""
 
 
-def _uniform_seeds(space: SearchSpace) -> list[str]:
-    """The lower precisions some layer of the space offers, INT8 first: each becomes one all-that-precision trial."""
-    return [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in choices for choices in space.choices)]
+class MonitoredHarness:
+    """The run's evaluator as the driver's harness: every result goes to the monitor, store hits are counted."""
+
+    def __init__(self, evaluator: Evaluator, monitor: RunMonitor):
+        self.evaluator = evaluator
+        self.monitor = monitor
+
+    @property
+    def builds(self) -> int:
+        """Builds spent so far (store hits excluded)."""
+        return self.evaluator.builds
+
+    @property
+    def workers(self) -> int:
+        """Builds that run at once."""
+        return self.evaluator.workers
+
+    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
+        """The evaluator's results, each recorded as it lands."""
+        store = self.evaluator.store
+        for result in self.evaluator.evaluate_many(plans, limit):
+            self.monitor.record(result)
+            store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
+            yield result
 
 
-def _uniform_seed_rounds(space: SearchSpace) -> tuple[list[Plan], list[str]]:
-    """The whole-model float seeds to build first, and the quantized precisions to seed on the faster one's base.
-
-    Where a knob follows the precision (the torch and TensorRT backends' ``base_precision``), the all-FP16 and
-    all-BF16 seeds run the whole model in that type, and an all-INT8 or all-FP8 seed on the default FP32 base
-    measures its GEMMs where the FP32 rest of the model sets the latency: on an H200 the BERT-large-shaped encoder
-    ran all-FP8 at 7.34x FP32 on an FP32 base, below all-FP16 (7.78x), while on a BF16 base with SDPA all-FP8 is
-    1.34x BF16 (docs/benchmarks.md). So the quantized seeds are built on the faster float seed's base, the base a
-    user would deploy them on. Without such a knob every seed is built in one round.
-    """
-    precisions = _uniform_seeds(space)
-    bases = [knob for knob in space.knobs if knob.follows_precision]
-    floats = [p for p in precisions if p in ("fp16", "bf16") and any(p in knob.values for knob in bases)]
-    if not floats:
-        return [space.uniform(p) for p in precisions], []
-    return [space.uniform(p) for p in floats], [p for p in precisions if p not in floats]
-
-
-FREE_KNOB_MARGIN = 0.01
-"""How much faster (relative speedup) another value of a free knob must measure than the seed's to replace it:
-within it the two are a tie, and the seed's value (the users' default) stays."""
-
-
-def fix_free_knobs(space: SearchSpace, seed: TrialResult, build: Any) -> dict[str, KnobValue]:
-    """Measures each free knob's other values on ``seed`` and returns the fastest value of each knob measured.
-
-    Free knobs (``Knob.free``) change the outputs at rounding level only, so one measurement on one plan says which
-    value is fastest for every plan: one knob at a time, each other value is built on the best plan so far and
-    replaces the current one only when it is faster by more than ``FREE_KNOB_MARGIN``. A knob whose builds did not
-    all fit the build budget is left out (it stays searched); a value whose build failed is not chosen.
-
-    Args:
-        space: The search space.
-        seed: The fastest uniform seed's result.
-        build: Plans to their results (fewer when the budget runs out), as ``_build_uniform_seeds`` builds them.
-
-    Returns:
-        Knob name to its fixed value, for ``SearchSpace.with_fixed_knobs``.
-    """
-    best, fixed = seed, {}
-    for knob in space.free_knobs:
-        current = best.plan.knob(knob.name, knob.default)
-        others = [best.plan.with_knobs(**{knob.name: value}) for value in knob.values if value != current]
-        results = build(others)
-        if len(results) < len(others):
-            break  # the budget ran out: this knob and the rest stay in the search
-        for result in results:
-            if result.ok and result.speedup and result.speedup > (best.speedup or 0.0) * (1 + FREE_KNOB_MARGIN):
-                best = result
-        fixed[knob.name] = best.plan.knob(knob.name, knob.default)
-    return fixed
-
-
-def _build_uniform_seeds(
-    space: SearchSpace, evaluator: Evaluator, evaluate: Any, evaluate_many: Any
-) -> dict[str, KnobValue]:
-    """Builds the uniform plans of ``_uniform_seeds`` within the budget: side by side with several workers.
-
-    Between the float seeds and the quantized ones, the free knobs are measured on the fastest float seed and
-    fixed (``fix_free_knobs``); the quantized seeds are built with the fixed values.
-
-    Returns:
-        The free knobs fixed, name to value (empty when the space has none or the budget ran out first).
-    """
-    budget = evaluator.config.budget.builds
-
-    def build(plans: list[Plan]) -> list[TrialResult]:
-        if evaluator.workers > 1:
-            return list(evaluate_many(plans, max(0, budget - evaluator.builds)))
-        results = []
-        for plan in plans:
-            if evaluator.builds >= budget:
-                break
-            results.append(evaluate(plan))
-        return results
-
-    first, quantized = _uniform_seed_rounds(space)
-    measured = [r for r in build(first) if r.ok and r.speedup]
-    fastest_result = max(measured, key=lambda r: r.speedup) if measured else None
-    fastest = fastest_result.plan if fastest_result is not None else None
-    fixed = fix_free_knobs(space, fastest_result, build) if fastest_result is not None else {}
-    following = {
-        knob.name: fastest.knob(knob.name)
-        for knob in space.knobs
-        if fastest is not None and knob.follows_precision and fastest.knob(knob.name) is not None
-    }
-    build([space.uniform(precision, {**following, **fixed}) for precision in quantized])
-    return fixed
-
-
-def _seeds_ahead(space: SearchSpace, strategy: str, workers: int) -> list[Plan]:
-    """The uniform seeds that head the search's first batch instead of being built in rounds of their own.
-
-    Only with several workers and a search of ``INDEPENDENT_SEARCHES`` (its proposals depend on no result): the
-    workers then take the seeds and the first searched plans in one stream, where a round of seeds alone would
-    leave all but a few of them idle (one all-INT8 plan on the ONNX Runtime CPU backend). None with one worker
-    (the seeds are built first, then the search, as always), for the searches that use the seeds' results, or where
-    the quantized seeds wait for the float seeds' results (``_uniform_seed_rounds``), nor where free knobs wait
-    for them (``fix_free_knobs``).
-    """
-    if workers <= 1 or strategy not in INDEPENDENT_SEARCHES or space.free_knobs:
-        return []
-    first, quantized = _uniform_seed_rounds(space)
-    return first if not quantized else []
-
-
-def search_with_seeds(
+def search(
     config: TuneConfig,
     space: SearchSpace,
-    evaluate: Any,
+    driver: Driver,
     evaluator: Evaluator,
     run: RunDir,
     strategy: str,
     resume: bool,
-    evaluate_many: Any = None,
 ) -> dict[str, KnobValue]:
-    """The uniform seeds (``_uniform_seeds``), then the search, until the build budget is spent.
-
-    The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16) are the first trials
-    of every search: the references a user compares against, and data points for the per-layer estimates. They are
-    built in rounds of their own before the search, or, where ``_seeds_ahead`` says so, at the head of its first
-    batch. A precision strategy is its one uniform plan, with no seed.
-
-    The free knobs the seeds fixed (``fix_free_knobs``) are fixed for the search: every strategy searches a space
-    where they have their one value.
+    """Runs one strategy through the driver, after the uniform seeds, until the build budget is spent.
 
     Returns:
-        The free knobs fixed, name to value.
-    """
-    ahead = _seeds_ahead(space, strategy, evaluator.workers)
-    fixed: dict[str, KnobValue] = {}
-    if strategy not in PRECISIONS and not ahead:
-        fixed = _build_uniform_seeds(space, evaluator, evaluate, evaluate_many)
-        space = space.with_fixed_knobs(fixed)
-    if evaluator.builds < config.budget.builds:
-        run_search(config, space, evaluate, evaluator, run, strategy, resume, evaluate_many, ahead)
-    return fixed
-
-
-def run_search(
-    config: TuneConfig,
-    space: SearchSpace,
-    evaluate: Any,
-    evaluator: Evaluator,
-    run: RunDir,
-    strategy: str,
-    resume: bool,
-    evaluate_many: Any = None,
-    ahead: list[Plan] | None = None,
-) -> None:
-    """Runs one search strategy until the build budget is spent.
-
-    ``evaluate_many`` (plans and a build limit to results in completion order) lets the searches keep
-    ``evaluator.workers`` builds running at once; ``ahead`` are plans a search of ``INDEPENDENT_SEARCHES`` builds
-    in the same stream as its first plans, ahead of them.
+        The free knobs the seeds fixed, name to value.
 
     Raises:
         ConfigError: The strategy is unknown.
-        ValueError: ``ahead`` is given to a strategy that would not build it.
     """
-    if ahead and strategy not in INDEPENDENT_SEARCHES:
-        raise ValueError(f"strategy {strategy!r} builds the seeds in a round of their own, not ahead of its plans")
-    if strategy == "ppo":
-        from autotune.agent import train
-
-        inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
-        if inputs is not None:
-            store_prior_inputs(evaluator.store, inputs)
-        fitted = RefittedEstimates(
-            lambda: list(evaluator.store.trials()),
-            space.layer_names,
-            {knob.name: knob.default for knob in space.knobs},
-            count=lambda: len(evaluator.store),
-            prior_inputs=inputs,
-            prior_weight=config.planner.prior_weight,
-        )
-        train(
-            config,
-            space,
-            evaluate,
-            lambda: evaluator.builds,
-            run.tensorboard,
-            run.checkpoints,
-            resume,
-            fitted.estimates,
-            fitted.surrogate,
-            fitted.measured,
-            evaluate_many=evaluate_many if evaluator.workers > 1 else None,
-            workers=evaluator.workers,
-            prior=fitted.prior if inputs is not None else None,
-        )
-        return
-    context = SearchContext(
+    if strategy in PRECISIONS:
+        return search_with_seeds(driver, space, lambda _: Fixed(space, strategy), seeded=False)
+    if strategy in SEARCHES:
+        made = SEARCHES[strategy]
+        return search_with_seeds(driver, space, lambda fixed: made(fixed, config, driver.workers), made.independent)
+    if strategy not in ("ppo", "planner"):
+        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
+    fixed = build_uniform_seeds(driver, space)
+    space = space.with_fixed_knobs(fixed)
+    driver.stalled = 0
+    if driver.exhausted():
+        return fixed
+    inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
+    if inputs is not None:
+        store_prior_inputs(evaluator.store, inputs)
+    fitted = RefittedEstimates(
+        lambda: list(evaluator.store.trials()),
+        space.layer_names,
+        {knob.name: knob.default for knob in space.knobs},
+        count=lambda: len(evaluator.store),
+        prior_inputs=inputs,
+        prior_weight=config.planner.prior_weight,
+    )
+    prior = fitted.prior if inputs is not None else None
+    if strategy == "planner":
+        driver.run(Planner(config, space, fitted.surrogate, fitted.measured, prior, driver.workers))
+        return fixed
+    train(
         config,
         space,
-        evaluate,
-        lambda: evaluator.builds,
-        seed=config.seed,
-        stall=config.budget.stall_episodes,
-        evaluate_many=evaluate_many,
-        workers=evaluator.workers,
-        ahead=list(ahead or []),
+        driver,
+        run.tensorboard,
+        run.checkpoints,
+        resume,
+        fitted.estimates,
+        fitted.surrogate,
+        fitted.measured,
+        prior=prior,
     )
-    if strategy in PRECISIONS:
-        search_fixed(context, strategy)
-    elif strategy in SEARCHES:
-        SEARCHES[strategy](context)
-    else:
-        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
+    return fixed
 
 
 def tune(
@@ -495,27 +367,12 @@ def tune(
         monitor.seed(list(store.trials()))
         try:
             with Evaluator(config, store, isolate=isolate) as evaluator:
-
-                def evaluate(plan: Plan) -> TrialResult:
-                    result = evaluator.evaluate(plan)
-                    monitor.record(result)
-                    store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
-                    return result
-
-                def evaluate_many(plans: list[Plan], limit: int | None = None) -> Iterator[TrialResult]:
-                    for result in evaluator.evaluate_many(plans, limit):
-                        monitor.record(result)
-                        hits = int(store.get_meta("cache_hits", 0)) + int(result.from_store)
-                        store.set_meta("cache_hits", hits)
-                        yield result
-
                 fp32 = space.uniform("fp32")
                 search_check = check_search_timing(evaluator, store, fp32)
                 searched = with_measured_noise(config, search_check)
                 try:
-                    fixed = search_with_seeds(
-                        searched, space, evaluate, evaluator, run, strategy, resume_dir is not None, evaluate_many
-                    )
+                    driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)
+                    fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
                     store.set_meta("free_knobs", fixed)
                 except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
                     store.set_meta("wall_s", wall_before + time.time() - started)

@@ -7,6 +7,7 @@ import pytest
 
 from autotune.agent import LATEST, imitate, train
 from autotune.search.design import model_best_plan, probe_plans
+from autotune.search.driver import Driver, OneByOne
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 
 
@@ -22,6 +23,11 @@ def _recording_evaluator(space):
     return real, built
 
 
+def _driver(config, evaluate, builds):
+    """The driver of ``config``'s budget over a plain ``evaluate`` and its build count."""
+    return Driver.for_config(OneByOne(evaluate, builds), config)
+
+
 @pytest.mark.parametrize("probes", [True, False])
 def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path, probes):
     space = tiny_space()
@@ -32,7 +38,7 @@ def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path,
         ppo={"episodes_per_update": 2, "imagined_episodes": 0},
         planner={"probe_plans": probes},
     )
-    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
+    train(config, space, _driver(config, real, lambda: len(built)), tmp_path / "tb", tmp_path / "ckpt")
     expected = probe_plans(space, max_plans=18 // 3)
     assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
     assert (built[: len(expected)] == expected) is probes
@@ -58,8 +64,7 @@ def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
         train(
             config,
             space,
-            real,
-            lambda: len(built),
+            _driver(config, real, lambda: len(built)),
             tmp_path / "tb",
             tmp_path / "ckpt",
             surrogate=lambda: _InterruptedRehearsal(),
@@ -79,7 +84,13 @@ def test_ctrl_c_during_the_probes_still_saves_the_agent(tmp_path):
 
     config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 2})
     with pytest.raises(KeyboardInterrupt):
-        train(config, space, interrupted_at_the_third_probe, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt")
+        train(
+            config,
+            space,
+            _driver(config, interrupted_at_the_third_probe, lambda: len(built)),
+            tmp_path / "tb",
+            tmp_path / "ckpt",
+        )
     assert len(built) == 2 and (tmp_path / "ckpt" / LATEST).exists()
 
 
@@ -109,7 +120,14 @@ def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **planner):
         planner={"probe_plans": False, "build_model_plan": True, **planner},
     )
     model = _FixedModel()
-    train(config, space, real, lambda: len(built), tmp_path / "tb", tmp_path / "ckpt", surrogate=lambda: model)
+    train(
+        config,
+        space,
+        _driver(config, real, lambda: len(built)),
+        tmp_path / "tb",
+        tmp_path / "ckpt",
+        surrogate=lambda: model,
+    )
     return config, model, space, built
 
 
@@ -179,11 +197,11 @@ def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehea
         assert calls == []
     calls.clear()
     real, built = _recording_evaluator(space)  # resumed: the policy is a trained one, imitation would undo it
+    resumed = config.model_copy(update={"budget": config.budget.model_copy(update={"builds": 4})})
     train(
-        config.model_copy(update={"budget": config.budget.model_copy(update={"builds": 4})}),
+        resumed,
         space,
-        real,
-        lambda: len(built),
+        _driver(resumed, real, lambda: len(built)),
         tmp_path / "tb",
         tmp_path / "ckpt",
         resume=True,
@@ -223,8 +241,7 @@ def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_l
     train(
         config,
         space,
-        real,
-        lambda: len(built),
+        _driver(config, real, lambda: len(built)),
         tmp_path / "tb",
         tmp_path / "ckpt",
         estimates=fitted.estimates,
@@ -279,11 +296,19 @@ def test_the_pace_gives_rehearsals_only_the_episodes_the_builds_time_pays_for():
     now = [0.0]
     pace = ComputePace(1.0, clock=lambda: now[0])
 
-    def build(plan):
-        now[0] += 2.0  # every build takes 2 s
-        return plan
+    class OneAtATime:
+        builds, workers = 0, 1
 
-    evaluate = pace.evaluate(build)
+        def evaluate_many(self, plans, limit=None):
+            for plan in plans:
+                now[0] += 2.0  # every build takes 2 s
+                yield plan
+
+    timed = pace.harness(OneAtATime())
+
+    def evaluate(plan):
+        return list(timed.evaluate_many([plan]))
+
     assert pace.rehearsal_episodes(128, 8) == 8  # the first rehearsal: one rollout, to time an episode
     evaluate("plan")
     now[0] += 0.8  # a rehearsal of 8 episodes took 0.8 s: 0.1 s an episode
@@ -304,12 +329,15 @@ def test_the_pace_counts_the_time_of_builds_side_by_side():
     now = [0.0]
     pace = ComputePace(1.0, clock=lambda: now[0])
 
-    def many(plans, limit):
-        for plan in plans:
-            now[0] += 1.5
-            yield plan
+    class SideBySide:
+        builds, workers = 0, 2
 
-    assert list(pace.evaluate_many(many)(["a", "b"], 2)) == ["a", "b"]
+        def evaluate_many(self, plans, limit):
+            for plan in plans:
+                now[0] += 1.5
+                yield plan
+
+    assert list(pace.harness(SideBySide()).evaluate_many(["a", "b"], 2)) == ["a", "b"]
     assert pace.build_s == pytest.approx(3.0) and pace.agent_s == pytest.approx(0.0)
 
 
@@ -335,8 +363,7 @@ def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_ye
     train(
         config,
         space,
-        stored,
-        lambda: len(measured),
+        _driver(config, stored, lambda: len(measured)),
         tmp_path / "tb",
         tmp_path / "ckpt",
         surrogate=lambda: model,

@@ -1,20 +1,19 @@
-"""Search strategies on one harness: each only decides which plan to try next.
+"""Search strategies as peers behind one interface: each proposes plans and is told their results (ask and tell).
 
-Every strategy gets the same ``SearchContext`` (the evaluator behind ``evaluate``: same store, same measurement
-protocol, same budget counted in builds). Store hits are free, so loops also stop after ``stall`` episodes in a
-row that built nothing.
+A strategy only decides which plans to try next (:class:`Strategy`); the driver (:mod:`autotune.search.driver`)
+owns the build budget, hands its plans to the harness (the real evaluator, a fake, the replay simulator), counts
+the stalls and tells it what came back. A plan past the budget gets no result.
 
-With several workers a strategy hands the pool several plans at once (``SearchContext.try_batch``), and the pool
-gives each to whichever worker comes free. A search whose proposals depend on no result (``INDEPENDENT_SEARCHES``)
-hands it the plans for the whole remaining budget, the uniform seeds at their head, so no worker waits for a
-round's slowest build.
+With several workers the driver asks for several plans at once, and the pool gives each to whichever worker comes
+free. A strategy whose proposals depend on no result (``independent``) is asked for the plans of the whole
+remaining budget, the uniform seeds at their head, so no worker waits for a round's slowest build.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Generator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -27,115 +26,110 @@ from autotune.search.space import SearchSpace
 from autotune.trial import TrialResult
 
 
-@dataclass
-class SearchContext:
-    """What a strategy may use.
+@runtime_checkable
+class Strategy(Protocol):
+    """What the driver asks of a search: plans to build, and what their builds gave.
 
     Attributes:
-        config: The run's config.
-        space: The search space.
-        evaluate: Plan to result (store first, then a build).
-        builds: Builds spent so far.
-        seed: Seed of the strategy's own randomness.
-        stall: Episodes in a row without a new build after which a strategy gives up.
-        evaluate_many: Plans and a build limit to results in completion order, built side by side (None: one
-            at a time through ``evaluate``).
-        workers: Builds that run at once; strategies propose at least this many plans per round.
-        ahead: Plans to build before the strategy's own, in the same stream as its first plans (the uniform seeds
-            of a run with several workers). Only the searches of ``INDEPENDENT_SEARCHES`` take them.
+        independent: The proposals depend on no result: with several workers the driver asks for the plans of the
+            whole remaining budget at once, behind the uniform seeds.
     """
 
-    config: TuneConfig
-    space: SearchSpace
-    evaluate: Callable[[Plan], TrialResult]
-    builds: Callable[[], int]
-    seed: int = 0
-    stall: int = 400
-    evaluate_many: Callable[[list[Plan], int], Iterable[TrialResult]] | None = None
-    workers: int = 1
-    ahead: list[Plan] = field(default_factory=list)
-    _stalled: int = field(default=0, init=False)
+    independent: bool
 
-    @property
-    def budget(self) -> int:
-        """Builds allowed."""
-        return self.config.budget.builds
+    def propose(self, n: int) -> list[Plan]:
+        """About ``n`` plans to build next (a strategy in the middle of a step may give fewer); none: it is done."""
+        ...
 
-    def exhausted(self) -> bool:
-        """The budget is spent, or the strategy keeps proposing plans that were already measured."""
-        return self.builds() >= self.budget or self._stalled >= self.stall
-
-    @property
-    def parallel(self) -> bool:
-        """Plans handed over together are built side by side (several workers, and ``evaluate_many`` to use them)."""
-        return self.evaluate_many is not None and self.workers > 1
-
-    def try_plan(self, plan: Plan) -> TrialResult:
-        """Evaluates a plan and keeps the stall count."""
-        before = self.builds()
-        result = self.evaluate(plan)
-        self._stalled = self._stalled + 1 if self.builds() == before else 0
-        return result
-
-    def try_batch(self, plans: list[Plan]) -> list[TrialResult]:
-        """Evaluates plans side by side, at most as many new builds as the budget has left, and keeps the stall count.
-
-        With one worker, the plans are tried one by one while the budget lasts. Returns the results in the order
-        they completed (store hits first); a plan past the budget has none. For the stall count, a plan given twice
-        counts as a store hit the second time, as it would with one worker.
-        """
-        if not self.parallel:
-            results = []
-            for plan in plans:
-                if self.exhausted():
-                    break
-                results.append(self.try_plan(plan))
-            return results
-        results = list(self.evaluate_many(plans, max(0, self.budget - self.builds())))
-        evaluated = {result.plan_hash for result in results}
-        self._stalled += sum(plan.hash in evaluated for plan in plans) - len(evaluated)  # the repeats, yielded once
-        for result in results:
-            self._stalled = self._stalled + 1 if result.from_store else 0
-        return results
-
-    def reward(self, result: TrialResult) -> float:
-        """The configured reward of a result."""
-        return reward(result, self.config.reward, self.config.search_budget)
+    def observe(self, results: list[TrialResult]) -> None:
+        """The results of the plans last proposed, in completion order; a plan past the budget has none."""
+        ...
 
 
-def search_fixed(context: SearchContext, precision: str) -> None:
+Steps = Generator[list[Plan], list[TrialResult], None]
+"""A strategy written as a sequence of rounds: it yields a round's plans and is sent back their results."""
+
+
+class Stepwise:
+    """A strategy from a generator of rounds (:data:`Steps`), for searches whose next round depends on the last.
+
+    Each ``propose`` resumes the generator with the results observed since the last one; its end ends the search.
+    """
+
+    independent = False
+
+    def __init__(self, steps: Steps):
+        self._steps = steps
+        self._results: list[TrialResult] | None = None  # None before the first round: a fresh generator is sent None
+
+    def propose(self, n: int) -> list[Plan]:
+        """See :meth:`Strategy.propose`."""
+        try:
+            plans = self._steps.send(self._results)  # type: ignore[arg-type]
+        except StopIteration:
+            return []
+        self._results = []
+        return plans
+
+    def observe(self, results: list[TrialResult]) -> None:
+        """See :meth:`Strategy.observe`."""
+        self._results = list(results)
+
+
+class Fixed:
     """One plan: every layer that allows ``precision`` takes it (the usual "build with INT8 enabled")."""
-    context.try_plan(context.space.uniform(precision))
+
+    independent = False
+
+    def __init__(self, space: SearchSpace, precision: str):
+        self._plan: Plan | None = space.uniform(precision)
+
+    def propose(self, n: int) -> list[Plan]:
+        """See :meth:`Strategy.propose`."""
+        plans, self._plan = ([self._plan] if self._plan is not None else []), None
+        return plans
+
+    def observe(self, results: list[TrialResult]) -> None:
+        """See :meth:`Strategy.observe`."""
+        pass
 
 
-def search_random(context: SearchContext) -> None:
+class Random:
     """Uniformly random valid plans: each step picks uniformly among the options its mask allows.
 
-    With one worker the plans are tried one at a time. With several, no proposal depends on a result, so the plans
-    for every build the budget has left go to the pool at once, behind ``context.ahead``, and each worker takes the
-    next one as it comes free; only store hits and repeats, which spend no build, bring another batch. A batch
-    holds no more plans than the builds left, so none is cut off by the build limit: a seed gives the same sequence
-    of plans, and the same builds, with one worker as with several.
+    No proposal depends on a result, so with several workers the driver asks for a plan for every build left; a
+    seed gives the same sequence of plans, and the same builds, with one worker as with several.
     """
-    rng = np.random.default_rng(context.seed)
-    steps = decisions(context.space)
-    ahead = list(context.ahead)
-    while not context.exhausted():
-        count = max(0, context.budget - context.builds() - len(ahead)) if context.parallel else 1
-        batch = ahead
-        for _ in range(count):
-            actions = [int(rng.integers(len(step.options))) for step in steps]
-            batch.append(plan_from_actions(context.space, steps, actions))
-        ahead = []
-        context.try_batch(batch)
+
+    independent = True
+
+    def __init__(self, space: SearchSpace, config: TuneConfig, workers: int = 1):
+        self.space = space
+        self._rng = np.random.default_rng(config.seed)
+        self._steps = decisions(space)
+
+    def propose(self, n: int) -> list[Plan]:
+        """See :meth:`Strategy.propose`."""
+        plans = []
+        for _ in range(n):
+            actions = [int(self._rng.integers(len(step.options))) for step in self._steps]
+            plans.append(plan_from_actions(self.space, self._steps, actions))
+        return plans
+
+    def observe(self, results: list[TrialResult]) -> None:
+        """See :meth:`Strategy.observe`."""
+        pass
 
 
-def _sensitivities(context: SearchContext, base: Plan, drop_all: float) -> list[tuple[float, list[str]]]:
-    """Accuracy regained by reverting each decision group alone to FP32, most sensitive first."""
-    space = context.space
+def _by_hash(results: list[TrialResult]) -> dict[str, TrialResult]:
+    return {result.plan_hash: result for result in results}
+
+
+def _sensitivities(space: SearchSpace, base: Plan, drop_all: float) -> Generator[list[Plan], list, list[list[str]]]:
+    """Accuracy regained by reverting each decision group alone to FP32: the groups, most sensitive first."""
     names = [[space.layers[i].name for i in group] for group in space.groups]
     reverted = [Plan.make({**base.precision_map, **{n: "fp32" for n in group}}, base.knob_map) for group in names]
-    results = {result.plan_hash: result for result in context.try_batch(reverted)}
+    results = _by_hash((yield reverted))
     scores = []
     for plan, group in zip(reverted, names, strict=True):
         result = results.get(plan.hash)
@@ -144,10 +138,12 @@ def _sensitivities(context: SearchContext, base: Plan, drop_all: float) -> list[
         gain = drop_all - result.accuracy_drop if result.ok and result.accuracy_drop is not None else -math.inf
         scores.append((gain, group))
     scores.sort(key=lambda item: item[0], reverse=True)
-    return scores
+    return [group for _, group in scores]
 
 
-def _first_within_budget(context: SearchContext, base: Plan, order: list[list[str]]) -> tuple[Plan, TrialResult] | None:
+def _first_within_budget(
+    base: Plan, order: list[list[str]], budget: float, workers: int
+) -> Generator[list[Plan], list, tuple[Plan, TrialResult] | None]:
     """Reverts the groups in ``order`` one by one; the first plan that meets the budget, or None.
 
     Each plan adds one group to the previous one, so the next ``workers`` plans are known in advance and are
@@ -158,12 +154,9 @@ def _first_within_budget(context: SearchContext, base: Plan, order: list[list[st
     for names in order:
         plan = Plan.make({**plan.precision_map, **{n: "fp32" for n in names}}, plan.knob_map)
         plans.append(plan)
-    budget = context.config.search_budget
-    for start in range(0, len(plans), context.workers):
-        if context.exhausted():
-            return None
-        chunk = plans[start : start + context.workers]
-        results = {result.plan_hash: result for result in context.try_batch(chunk)}
+    for start in range(0, len(plans), workers):
+        chunk = plans[start : start + workers]
+        results = _by_hash((yield chunk))
         for candidate in chunk:
             result = results.get(candidate.hash)
             if result is not None and meets_budget(result, budget):
@@ -171,8 +164,8 @@ def _first_within_budget(context: SearchContext, base: Plan, order: list[list[st
     return None
 
 
-def search_greedy(context: SearchContext) -> None:
-    """The accuracy-first fallback of Polygraphy ``debug precision`` and Intel Neural Compressor.
+def greedy_steps(space: SearchSpace, config: TuneConfig, workers: int = 1) -> Steps:
+    """The accuracy-first fallback of Polygraphy ``debug precision`` and Intel Neural Compressor, round by round.
 
     Start from all-INT8 (the narrowest precision each layer allows); measure each layer group's sensitivity as
     the accuracy regained when only it is reverted to FP32; revert the most sensitive groups one by one until the
@@ -180,75 +173,81 @@ def search_greedy(context: SearchContext) -> None:
     several workers, each round's candidates (the sensitivities, the next reverts, a knob's values) are built
     side by side.
     """
-    space = context.space
     base = space.plan({layer.name: options[-1] for layer, options in zip(space.layers, space.choices, strict=True)})
-    best_result = context.try_plan(base)
-    best_plan = base
-    if not meets_budget(best_result, context.config.search_budget) and best_result.ok:
-        order = [names for _, names in _sensitivities(context, base, best_result.accuracy_drop or 0.0)]
-        if context.exhausted():
-            return
-        found = _first_within_budget(context, base, order)
-        if context.exhausted():
-            return
+    first = yield [base]
+    if not first:
+        return
+    best_plan, best_result = base, first[0]
+    if not meets_budget(best_result, config.search_budget) and best_result.ok:
+        order = yield from _sensitivities(space, base, best_result.accuracy_drop or 0.0)
+        found = yield from _first_within_budget(base, order, config.search_budget, workers)
         if found is not None:
             best_plan, best_result = found
+    score = lambda result: reward(result, config.reward, config.search_budget)  # noqa: E731
     for knob in space.knobs:
-        if context.exhausted():
-            return
         candidates = [best_plan.with_knobs(**{knob.name: value}) for value in knob.values]
-        results = {result.plan_hash: result for result in context.try_batch(candidates)}
+        results = _by_hash((yield candidates))
         for candidate in candidates:  # in the knob's order, whatever order the builds ended in
             result = results.get(candidate.hash)
-            if result is not None and context.reward(result) > context.reward(best_result):
+            if result is not None and score(result) > score(best_result):
                 best_plan, best_result = candidate, result
 
 
-def search_optuna(context: SearchContext) -> None:
+class Greedy(Stepwise):
+    """The greedy search (:func:`greedy_steps`) as a strategy."""
+
+    def __init__(self, space: SearchSpace, config: TuneConfig, workers: int = 1):
+        super().__init__(greedy_steps(space, config, workers))
+
+
+class Optuna:
     """Optuna's TPE through ask-and-tell: one categorical per decision, the accuracy budget as a constraint."""
-    optuna = require("optuna", "optuna", "the optuna strategy")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = context.space
-    steps = decisions(space)
-    sampler = optuna.samplers.TPESampler(seed=context.seed)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
-    while not context.exhausted():
-        asked: dict[str, list] = {}  # plan hash -> the trials that proposed it (TPE may ask one plan twice)
+
+    independent = False
+
+    def __init__(self, space: SearchSpace, config: TuneConfig, workers: int = 1):
+        optuna = require("optuna", "optuna", "the optuna strategy")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.space = space
+        self.config = config
+        self._steps = decisions(space)
+        self._study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=config.seed))
+        self._asked: dict[str, list] = {}  # plan hash -> the trials that proposed it (TPE may ask one plan twice)
+
+    def propose(self, n: int) -> list[Plan]:
+        """See :meth:`Strategy.propose`."""
         plans = []
-        for _ in range(context.workers):
-            trial = study.ask()
+        for _ in range(n):
+            trial = self._study.ask()
             actions = []
-            for index, step in enumerate(steps):
+            for index, step in enumerate(self._steps):
                 labels = [str(option) for option in step.options]
                 chosen = trial.suggest_categorical(f"{index:03d}_{step.kind}_{step.index}", labels)
                 actions.append(labels.index(chosen))
-            plan = plan_from_actions(space, steps, actions)
-            asked.setdefault(plan.hash, []).append(trial)
+            plan = plan_from_actions(self.space, self._steps, actions)
+            self._asked.setdefault(plan.hash, []).append(trial)
             plans.append(plan)
-        for result in context.try_batch(plans):
-            for trial in asked.pop(result.plan_hash, []):
-                _tell(study, trial, result, context)
+        return plans
+
+    def observe(self, results: list[TrialResult]) -> None:
+        """See :meth:`Strategy.observe`."""
+        for result in results:
+            for trial in self._asked.pop(result.plan_hash, []):
+                self._tell(trial, result)
+        self._asked.clear()  # a plan past the budget is never told: its trial stays unfinished
+
+    def _tell(self, trial: object, result: TrialResult) -> None:
+        """Tells TPE a result; the accuracy budget is a constraint, feasible when <= 0."""
+        if not result.ok:
+            trial.set_constraint("accuracy_drop", 1.0)
+            self._study.tell(trial, self.config.reward.failure)
+            return
+        # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
+        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - self.config.search_budget))
+        self._study.tell(trial, math.log(result.speedup))
 
 
-def _tell(study: object, trial: object, result: TrialResult, context: SearchContext) -> None:
-    """Tells TPE a result; the accuracy budget is a constraint, feasible when <= 0."""
-    if not result.ok:
-        trial.set_constraint("accuracy_drop", 1.0)
-        study.tell(trial, context.config.reward.failure)
-        return
-    # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
-    trial.set_constraint("accuracy_drop", float(result.accuracy_drop - context.config.search_budget))
-    study.tell(trial, math.log(result.speedup))
-
-
-INDEPENDENT_SEARCHES: frozenset[str] = frozenset({"random"})
-"""The searches whose proposals depend on no result: with several workers they take the uniform seeds in their
-first batch (``SearchContext.ahead``) instead of after a round of their own. The others use the seeds' results."""
-
-SEARCHES: dict[str, Callable[[SearchContext], None]] = {
-    "random": search_random,
-    "greedy": search_greedy,
-    "optuna": search_optuna,
-}
-"""The search strategies by name; each precision is a strategy too (``search_fixed``), and the agent lives above
-them (``autotune.agent``): ``autotune.tune.STRATEGIES`` lists them all."""
+SEARCHES: dict[str, type[Random] | type[Greedy] | type[Optuna]] = {"random": Random, "greedy": Greedy, "optuna": Optuna}
+"""The search strategies by name, each made as ``SEARCHES[name](space, config, workers)``; each precision is a
+strategy too (:class:`Fixed`), and the agent's planner and policy live above them (``autotune.agent``):
+``autotune.tune.STRATEGIES`` lists them all."""

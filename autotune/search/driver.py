@@ -1,0 +1,270 @@
+"""The one budget loop: strategies propose, the harness builds, the driver counts builds and stalls.
+
+Below the driver is one harness protocol (:class:`Harness`): the real ``autotune.harness.Evaluator``, the fake of
+``autotune.testing`` and the replay simulator of ``bench/replay.py`` all satisfy it, so a run can be driven by any
+of them. Above it are the strategies (:mod:`autotune.search.strategies`, the agent's planner and policy), which
+only decide which plans come next.
+
+Store hits are free, so the loop also stops after ``budget.stall_episodes`` plans in a row that built nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from autotune.config import TuneConfig
+from autotune.plan import KnobValue, Plan
+from autotune.search.space import SearchSpace
+from autotune.search.strategies import Strategy
+from autotune.trial import TrialResult
+
+
+class Harness(Protocol):
+    """What the driver builds on: the store first, then a build; ``builds`` counts the builds (store hits free)."""
+
+    @property
+    def builds(self) -> int:
+        """Builds spent so far (store hits excluded)."""
+        ...
+
+    @property
+    def workers(self) -> int:
+        """Builds that run at once."""
+        ...
+
+    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterable[TrialResult]:
+        """Results of the plans (a plan given twice once), store hits first, at most ``limit`` new builds."""
+        ...
+
+
+class OneByOne:
+    """A :class:`Harness` over a plain ``evaluate(plan)`` and a build count: one build at a time.
+
+    For the simulator and tests, whose ``evaluate`` answers repeats itself; a plan is evaluated only while the
+    builds it started with plus ``limit`` are not reached.
+    """
+
+    workers = 1
+
+    def __init__(self, evaluate: Callable[[Plan], TrialResult], builds: Callable[[], int]):
+        self._evaluate = evaluate
+        self._builds = builds
+
+    @property
+    def builds(self) -> int:
+        """Builds spent so far (store hits excluded)."""
+        return self._builds()
+
+    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterable[TrialResult]:
+        """See :meth:`Harness.evaluate_many`."""
+        stop = None if limit is None else self._builds() + limit
+        for plan in dict((plan.hash, plan) for plan in plans).values():
+            if stop is not None and self._builds() >= stop:
+                return
+            yield self._evaluate(plan)
+
+
+class Driver:
+    """Owns the build budget and the stall rule; every plan of a run is built through :meth:`build`.
+
+    Args:
+        harness: Where plans are built.
+        budget: Builds allowed (``budget.builds``).
+        stall: Plans in a row answered from the store after which the loop gives up (``budget.stall_episodes``).
+    """
+
+    def __init__(self, harness: Harness, budget: int, stall: int):
+        self.harness = harness
+        self.budget = budget
+        self.stall = stall
+        self.stalled = 0
+
+    @classmethod
+    def for_config(cls, harness: Harness, config: TuneConfig) -> Driver:
+        """A driver with the budget and stall rule of ``config.budget``."""
+        return cls(harness, config.budget.builds, config.budget.stall_episodes)
+
+    @property
+    def builds(self) -> int:
+        """Builds spent so far (store hits excluded)."""
+        return self.harness.builds
+
+    @property
+    def workers(self) -> int:
+        """Builds that run at once."""
+        return self.harness.workers
+
+    @property
+    def left(self) -> int:
+        """Builds the budget has left."""
+        return max(0, self.budget - self.harness.builds)
+
+    def exhausted(self) -> bool:
+        """The budget is spent, or the plans of the last ``stall`` tries were all measured already."""
+        return self.left == 0 or self.stalled >= self.stall
+
+    def build(self, plans: list[Plan]) -> list[TrialResult]:
+        """Builds plans side by side, at most as many new builds as the budget has left, and keeps the stall count.
+
+        Returns the results in the order they completed (store hits first); a plan past the budget has none. A plan
+        given twice counts as a store hit the second time, as it would one at a time.
+        """
+        if not plans or self.left == 0:
+            return []
+        results = list(self.harness.evaluate_many(plans, self.left))
+        evaluated = {result.plan_hash for result in results}
+        self.stalled += sum(plan.hash in evaluated for plan in plans) - len(evaluated)  # the repeats, yielded once
+        for result in results:
+            self.stalled = self.stalled + 1 if result.from_store else 0
+        return results
+
+    def run(self, strategy: Strategy, ahead: Sequence[Plan] = ()) -> None:
+        """The budget loop: the strategy's proposals built and told back, until the budget or the stalls end it.
+
+        Args:
+            strategy: What proposes the plans; the loop ends early when it proposes none.
+            ahead: Plans built at the head of the first batch (the uniform seeds of an independent strategy).
+        """
+        ahead = list(ahead)
+        while not self.exhausted():
+            wanted = max(0, self.left - len(ahead)) if strategy.independent and self.workers > 1 else self.workers
+            plans = [*ahead, *strategy.propose(wanted)] if wanted else list(ahead)
+            ahead = []
+            if not plans:
+                return
+            strategy.observe(self.build(plans))
+
+
+def uniform_seeds(space: SearchSpace) -> list[str]:
+    """The lower precisions some layer of the space offers, INT8 first: each becomes one all-that-precision trial."""
+    return [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in choices for choices in space.choices)]
+
+
+def uniform_seed_rounds(space: SearchSpace) -> tuple[list[Plan], list[str]]:
+    """The whole-model float seeds to build first, and the quantized precisions to seed on the faster one's base.
+
+    Where a knob follows the precision (the torch and TensorRT backends' ``base_precision``), the all-FP16 and
+    all-BF16 seeds run the whole model in that type, and an all-INT8 or all-FP8 seed on the default FP32 base
+    measures its GEMMs where the FP32 rest of the model sets the latency: on an H200 the BERT-large-shaped encoder
+    ran all-FP8 at 7.34x FP32 on an FP32 base, below all-FP16 (7.78x), while on a BF16 base with SDPA all-FP8 is
+    1.34x BF16 (docs/benchmarks.md). So the quantized seeds are built on the faster float seed's base, the base a
+    user would deploy them on. Without such a knob every seed is built in one round.
+    """
+    precisions = uniform_seeds(space)
+    bases = [knob for knob in space.knobs if knob.follows_precision]
+    floats = [p for p in precisions if p in ("fp16", "bf16") and any(p in knob.values for knob in bases)]
+    if not floats:
+        return [space.uniform(p) for p in precisions], []
+    return [space.uniform(p) for p in floats], [p for p in precisions if p not in floats]
+
+
+FREE_KNOB_MARGIN = 0.01
+"""How much faster (relative speedup) another value of a free knob must measure than the seed's to replace it:
+within it the two are a tie, and the seed's value (the users' default) stays."""
+
+
+def fix_free_knobs(
+    space: SearchSpace, seed: TrialResult, build: Callable[[list[Plan]], list[TrialResult]]
+) -> dict[str, KnobValue]:
+    """Measures each free knob's other values on ``seed`` and returns the fastest value of each knob measured.
+
+    Free knobs (``Knob.free``) change the outputs at rounding level only, so one measurement on one plan says which
+    value is fastest for every plan: one knob at a time, each other value is built on the best plan so far and
+    replaces the current one only when it is faster by more than ``FREE_KNOB_MARGIN``. A knob whose builds did not
+    all fit the build budget is left out (it stays searched); a value whose build failed is not chosen.
+
+    Args:
+        space: The search space.
+        seed: The fastest uniform seed's result.
+        build: Plans to their results (fewer when the budget runs out): ``Driver.build``.
+
+    Returns:
+        Knob name to its fixed value, for ``SearchSpace.with_fixed_knobs``.
+    """
+    best, fixed = seed, {}
+    for knob in space.free_knobs:
+        current = best.plan.knob(knob.name, knob.default)
+        others = [best.plan.with_knobs(**{knob.name: value}) for value in knob.values if value != current]
+        results = build(others)
+        if len(results) < len(others):
+            break  # the budget ran out: this knob and the rest stay in the search
+        for result in results:
+            if result.ok and result.speedup and result.speedup > (best.speedup or 0.0) * (1 + FREE_KNOB_MARGIN):
+                best = result
+        fixed[knob.name] = best.plan.knob(knob.name, knob.default)
+    return fixed
+
+
+def build_uniform_seeds(driver: Driver, space: SearchSpace) -> dict[str, KnobValue]:
+    """Builds the uniform plans of ``uniform_seeds`` within the budget, side by side with several workers.
+
+    Between the float seeds and the quantized ones, the free knobs are measured on the fastest float seed and
+    fixed (``fix_free_knobs``); the quantized seeds are built with the fixed values.
+
+    Returns:
+        The free knobs fixed, name to value (empty when the space has none or the budget ran out first).
+    """
+    first, quantized = uniform_seed_rounds(space)
+    measured = [r for r in driver.build(first) if r.ok and r.speedup]
+    fastest = max(measured, key=lambda r: r.speedup) if measured else None
+    fixed = fix_free_knobs(space, fastest, driver.build) if fastest is not None else {}
+    following = {
+        knob.name: fastest.plan.knob(knob.name)
+        for knob in space.knobs
+        if fastest is not None and knob.follows_precision and fastest.plan.knob(knob.name) is not None
+    }
+    driver.build([space.uniform(precision, {**following, **fixed}) for precision in quantized])
+    return fixed
+
+
+def seeds_ahead(space: SearchSpace, independent: bool, workers: int) -> list[Plan]:
+    """The uniform seeds that head the search's first batch instead of being built in rounds of their own.
+
+    Only with several workers and an independent strategy (its proposals depend on no result): the workers then
+    take the seeds and the first searched plans in one stream, where a round of seeds alone would leave all but a
+    few of them idle (one all-INT8 plan on the ONNX Runtime CPU backend). None with one worker (the seeds are built
+    first, then the search, as always), for the strategies that use the seeds' results, or where the quantized
+    seeds wait for the float seeds' results (``uniform_seed_rounds``), nor where free knobs wait for them
+    (``fix_free_knobs``).
+    """
+    if workers <= 1 or not independent or space.free_knobs:
+        return []
+    first, quantized = uniform_seed_rounds(space)
+    return first if not quantized else []
+
+
+def search_with_seeds(
+    driver: Driver,
+    space: SearchSpace,
+    make_strategy: Callable[[SearchSpace], Strategy],
+    independent: bool = False,
+    seeded: bool = True,
+) -> dict[str, KnobValue]:
+    """The uniform seeds (``uniform_seeds``), then the strategy's plans, until the build budget is spent.
+
+    The usual "build with INT8 enabled" (and, where the backend has them, all-FP8/FP16/BF16) are the first trials
+    of every search: the references a user compares against, and data points for the per-layer estimates. They are
+    built in rounds of their own before the search, or, where ``seeds_ahead`` says so, at the head of its first
+    batch. The free knobs the seeds fixed (``fix_free_knobs``) are fixed for the search: the strategy is made on a
+    space where they have their one value.
+
+    Args:
+        driver: The run's driver.
+        space: The search space.
+        make_strategy: The strategy, made on the space the seeds leave.
+        independent: The strategy's proposals depend on no result (``Strategy.independent``).
+        seeded: False for a strategy that is one uniform plan itself (a precision): no seed.
+
+    Returns:
+        The free knobs fixed, name to value.
+    """
+    fixed: dict[str, KnobValue] = {}
+    ahead = seeds_ahead(space, independent, driver.workers) if seeded else []
+    if seeded and not ahead:
+        fixed = build_uniform_seeds(driver, space)
+        space = space.with_fixed_knobs(fixed)
+        driver.stalled = 0  # seeds a resumed run finds in its store say nothing about the search
+    if not driver.exhausted():
+        driver.run(make_strategy(space), ahead)
+    return fixed
