@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.agent import Planner, train
+from autotune.agent import run_agent
 from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
@@ -32,7 +32,8 @@ from autotune.harness.selfcheck import (
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
-from autotune.search.driver import Driver, build_uniform_seeds, search_with_seeds
+from autotune.runmeta import RunMeta
+from autotune.search.driver import Driver, search_with_seeds, seeded_space
 from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order, expected_speedups, profile_speedups, ranking
@@ -176,7 +177,8 @@ def export_ranked(
     out_dir = out_dir or run.best
     files = evaluator.export(chosen.plan, out_dir)
     write_json(out_dir / "plan.json", chosen.plan.to_dict())
-    reference = store.confirmations().get(str(store.get_meta("fp32_plan_hash", "")))
+    meta = RunMeta.read(store)
+    reference = store.confirmations().get(str(meta.fp32_plan_hash or ""))
     summary = {
         "rank": rank,
         "plan_hash": chosen.plan.hash,
@@ -189,9 +191,9 @@ def export_ranked(
         "metric": config.metric.name,
         "builds": store.builds(),
         "imported_trials": len(store.imported()),
-        "cache_hits": int(store.get_meta("cache_hits", 0)),
-        "free_knobs": store.get_meta("free_knobs", {}),
-        "wall_s": float(store.get_meta("wall_s", 0.0)),
+        "cache_hits": int(meta.cache_hits),
+        "free_knobs": meta.free_knobs,
+        "wall_s": float(meta.wall_s),
         "machine": (store.get_meta(KEY_META, {}) or {}).get("machine"),
         "int8_arithmetic": evaluator.int8_arithmetic(),
         "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
@@ -246,7 +248,8 @@ class MonitoredHarness:
         store = self.evaluator.store
         for result in self.evaluator.evaluate_many(plans, limit):
             self.monitor.record(result)
-            store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + int(result.from_store))
+            if result.from_store:
+                RunMeta.count_cache_hit(store)
             yield result
 
 
@@ -274,9 +277,7 @@ def search(
         return search_with_seeds(driver, space, lambda fixed: made(fixed, config, driver.workers), made.independent)
     if strategy not in ("ppo", "planner"):
         raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
-    fixed = build_uniform_seeds(driver, space)
-    space = space.with_fixed_knobs(fixed)
-    driver.stalled = 0
+    space, fixed = seeded_space(driver, space)
     if driver.exhausted():
         return fixed
     inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
@@ -290,21 +291,9 @@ def search(
         prior_inputs=inputs,
         prior_weight=config.planner.prior_weight,
     )
-    prior = fitted.prior if inputs is not None else None
-    if strategy == "planner":
-        driver.run(Planner(config, space, fitted.surrogate, fitted.measured, prior, driver.workers))
-        return fixed
-    train(
-        config,
-        space,
-        driver,
-        run.tensorboard,
-        run.checkpoints,
-        resume,
-        fitted.estimates,
-        fitted.surrogate,
-        fitted.measured,
-        prior=prior,
+    paths = {"tensorboard_dir": run.tensorboard, "checkpoints": run.checkpoints}
+    run_agent(
+        config, space, driver, fitted, inputs is not None, planner_only=strategy == "planner", resume=resume, **paths
     )
     return fixed
 
@@ -338,6 +327,31 @@ def tune(
     # leaves nothing behind that a resume would trust.
     model, space = analyze(config)
     check_data(config, model)
+    _check_request(config, space, strategy)
+    key = comparability_key(config, model)
+    if resume_dir is None:
+        check_comparable(config.from_runs, key)
+        run = RunDir.create(config)
+    with TrialStore(run.store) as store:
+        if resume_dir is not None:
+            check_resumable(store, key, resume_dir)  # another machine or runtime: refused in one line
+            strategy = RunMeta.read(store).strategy or strategy
+        else:
+            store.set_meta(KEY_META, key)
+            RunMeta.write(store, strategy=strategy, imported_from=import_runs(store, config.from_runs, key))
+        monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
+        monitor.seed(list(store.trials()))
+        try:
+            with Evaluator(config, store, isolate=isolate) as evaluator:
+                summary = _search_and_confirm(run, config, space, evaluator, monitor, strategy, resume_dir, started)
+        finally:
+            monitor.close()
+    write_json(run.summary, summary)
+    return summary
+
+
+def _check_request(config: TuneConfig, space: SearchSpace, strategy: str) -> None:
+    """Refuses, in one line, a strategy or a one-liner the run cannot have."""
     if strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
     if strategy in PRECISIONS and strategy != "fp32" and space.uniform(strategy) == space.uniform("fp32"):
@@ -350,47 +364,38 @@ def tune(
                 f"confirm.references: {unknown} not offered by the {config.backend.name} backend; "
                 f"it offers {list(offered)}"
             )
-    key = comparability_key(config, model)
-    if resume_dir is None:
-        check_comparable(config.from_runs, key)
-        run = RunDir.create(config)
-    with TrialStore(run.store) as store:
-        if resume_dir is not None:
-            check_resumable(store, key, resume_dir)
-            strategy = str(store.get_meta("strategy", strategy))
-        else:
-            store.set_meta("strategy", strategy)
-            store.set_meta(KEY_META, key)
-            store.set_meta("imported_from", import_runs(store, config.from_runs, key))
-        wall_before = float(store.get_meta("wall_s", 0.0))
-        monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
-        monitor.seed(list(store.trials()))
-        try:
-            with Evaluator(config, store, isolate=isolate) as evaluator:
-                fp32 = space.uniform("fp32")
-                search_check = check_search_timing(evaluator, store, fp32)
-                searched = with_measured_noise(config, search_check)
-                try:
-                    driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)
-                    fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
-                    store.set_meta("free_knobs", fixed)
-                except KeyboardInterrupt:  # keep the time spent, so a resumed run reports the sum of its parts
-                    store.set_meta("wall_s", wall_before + time.time() - started)
-                    raise
-                store.set_meta("wall_s", wall_before + time.time() - started)
-                store.set_meta("fp32_plan_hash", fp32.hash)
-                shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
-                one_liners = one_liner_plans(evaluator, space.layer_names)
-                rounds = confirmation_rounds(config, search_check)
-                confirm_finalists(evaluator, store, config, fp32, one_liners, shares, rounds)
-                # Ranked over every confirmation in the store: an earlier run's (imported with --from, or
-                # confirmed before a resume) can outrank this run's finalists.
-                summary = export_ranked(run, config, evaluator, store)
-                winner = store.confirmations()[summary["plan_hash"]].plan
-                monitor.text("winner", _winner_markdown(summary, space, winner))
-        finally:
-            monitor.close()
-    write_json(run.summary, summary)
+
+
+def _search_and_confirm(
+    run: RunDir,
+    config: TuneConfig,
+    space: SearchSpace,
+    evaluator: Evaluator,
+    monitor: RunMonitor,
+    strategy: str,
+    resume_dir: Path | None,
+    started: float,
+) -> dict[str, Any]:
+    """The search through the driver (its wall time kept, even on Ctrl-C), then the confirmation and the export."""
+    store = evaluator.store
+    wall_before = RunMeta.read(store).wall_s
+    fp32 = space.uniform("fp32")
+    search_check = check_search_timing(evaluator, store, fp32)
+    searched = with_measured_noise(config, search_check)
+    try:
+        driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)
+        fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
+    finally:  # keep the time spent, so a resumed run reports the sum of its parts
+        RunMeta.write(store, wall_s=wall_before + time.time() - started)
+    RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)
+    shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
+    one_liners = one_liner_plans(evaluator, space.layer_names)
+    confirm_finalists(evaluator, store, config, fp32, one_liners, shares, confirmation_rounds(config, search_check))
+    # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
+    # resume) can outrank this run's finalists.
+    summary = export_ranked(run, config, evaluator, store)
+    winner = store.confirmations()[summary["plan_hash"]].plan
+    monitor.text("winner", _winner_markdown(summary, space, winner))
     return summary
 
 

@@ -17,8 +17,9 @@ number of quantized layers per 10 builds. The simulator is additive by construct
 anything that relies on additivity: treat its results as leads for a real run, not as results.
 
 ``--strategies`` compares every strategy on the same simulator instead (``ppo`` is the agent with the config's
-settings, ``ppo-noprior`` the agent without per-layer priors, and the searches ``greedy``, ``random``,
-``optuna``), each starting with the all-INT8 plan as a real run does:
+settings, ``ppo-noprior`` the agent without per-layer priors, ``planner`` the surrogate planner alone, and the
+searches ``greedy``, ``random``, ``optuna``), each through the driver and the strategies a real run ships, the
+uniform seeds first as a real run builds them:
     python bench/replay.py configs/minilm-cpu.yaml --stores 'runs-bench/*/trials.sqlite' \
         --strategies ppo ppo-noprior greedy random optuna --seeds 0 1 2 3 4 5 6 7 8 9 --set budget.builds=48
 It prints, per strategy, the median [min, max] over seeds of the builds until the best plan within the search budget
@@ -52,15 +53,16 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.agent import train
+from autotune.agent import run_agent
 from autotune.api import analyze
 from autotune.config import load_config
 from autotune.harness.memory import PRIOR_META
 from autotune.search.design import model_best_plan
+from autotune.search.driver import Driver, OneByOne, search_with_seeds, seeded_space
 from autotune.search.estimate import RefittedEstimates, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.select import PROFILE_WEIGHT, ranking
-from autotune.search.strategies import SEARCHES, SearchContext
+from autotune.search.strategies import SEARCHES
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 from autotune.tune import finalist_order
@@ -205,11 +207,11 @@ def replay(
         space: The search space.
         seed: Seeds the strategy and the measurement noise.
         noise: Log-normal sigma of a measured speedup.
-        strategy: ``ppo``, ``ppo-noprior`` or a search of ``SEARCHES``.
+        strategy: ``ppo``, ``ppo-noprior``, ``planner`` (the surrogate planner alone) or a search of ``SEARCHES``.
         prior: The agent's prior inputs (``PriorInputs``), or None; its runtime shares also rank the finalists.
         held_out: How finalists are confirmed; None skips the confirmation (no ``winner_*`` keys).
     """
-    agent = strategy.startswith("ppo")
+    agent = strategy.startswith("ppo") or strategy == "planner"
     extra = ["planner.priors=false"] if strategy == "ppo-noprior" else []
     # A simulated build takes no time, so a paced agent would never rehearse: the replay runs the rehearsals that
     # builds as slow as MiniLM's pay for in full (ppo.compute_share; an override still wins).
@@ -228,7 +230,7 @@ def replay(
 
     def evaluate(plan):
         if plan.hash in answered:  # the store answers a plan built before, for free
-            return answered[plan.hash]
+            return dataclasses.replace(answered[plan.hash], from_store=True)
         result = truth.result(plan)
         result.speedup *= float(np.exp(rng.normal(0.0, noise)))
         result.from_store = False
@@ -237,26 +239,24 @@ def replay(
         return result
 
     started = time.time()
-    evaluate(space.uniform("int8"))  # every search starts with the all-INT8 plan
+    # The driver, the seeds and the strategies a real run ships, over the simulator as the harness.
+    driver = Driver.for_config(OneByOne(evaluate, lambda: len(built)), config)
     if agent:
+        seeded, _ = seeded_space(driver, space)
         with tempfile.TemporaryDirectory() as scratch:
-            train(
+            run_agent(
                 config,
-                space,
-                evaluate,
-                lambda: len(built),
+                seeded,
+                driver,
+                fitted,
+                use_prior is not None,
                 Path(scratch) / "tb",
                 Path(scratch) / "checkpoints",
-                estimates=fitted.estimates,
-                surrogate=fitted.surrogate,
-                measured=fitted.measured,
-                prior=fitted.prior if use_prior is not None else None,
+                planner_only=strategy == "planner",
             )
     else:
-        context = SearchContext(
-            config, space, evaluate, lambda: len(built), seed=seed, stall=config.budget.stall_episodes
-        )
-        SEARCHES[strategy](context)
+        made = SEARCHES[strategy]
+        search_with_seeds(driver, space, lambda fixed: made(fixed, config, driver.workers), made.independent)
     true = [truth.predict(r.plan) for r in built]
     within = [speedup for speedup, drop in true if drop <= config.search_budget]
     curve, best = [], 1.0
@@ -409,7 +409,7 @@ def main() -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--noise", type=float, default=0.03, help="log-normal sigma of a measured speedup")
     parser.add_argument(
-        "--strategies", nargs="+", choices=("ppo", "ppo-noprior", *SEARCHES), help="compare these strategies"
+        "--strategies", nargs="+", choices=("ppo", "ppo-noprior", "planner", *SEARCHES), help="compare these strategies"
     )
     parser.add_argument("--out", help="with --strategies: write every best-so-far curve to this JSON file")
     parser.add_argument("--plans-out", type=Path, help="write the simulator's best plans as plan files to this folder")

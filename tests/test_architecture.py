@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.metrics",
         "autotune.store",
         "autotune.rundir",
+        "autotune.runmeta",
     ),
     ("autotune.quant", "autotune.search"),
     ("autotune.backends",),
@@ -151,6 +152,6 @@ def test_the_cli_offers_the_strategies_and_precisions_the_api_takes():
     commands = next(a for a in parser._actions if a.dest == "command").choices
     strategy = next(a for a in commands["baseline"]._actions if a.dest == "strategy")
     assert tuple(strategy.choices) == STRATEGIES
-    assert {"ppo", "random", "greedy", "optuna", *PRECISIONS} == set(STRATEGIES)
+    assert {"ppo", "planner", "random", "greedy", "optuna", *PRECISIONS} == set(STRATEGIES)
     plan_help = next(a for a in commands["evaluate"]._actions if a.dest == "plan").help
     assert all(precision in plan_help for precision in PRECISIONS)

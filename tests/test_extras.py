@@ -54,7 +54,7 @@ def test_the_optuna_strategy_without_optuna_names_the_extra(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(MissingExtra, match=r"^the optuna strategy needs the 'optuna' extra: .*autotune\[optuna\]'$"):
-        strategies.search_optuna(None)  # the extra is checked before the context is used
+        strategies.Optuna(None, None)  # the extra is checked before the space is used
 
 
 def test_the_minilm_example_without_its_extra_names_it(monkeypatch):

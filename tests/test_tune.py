@@ -16,10 +16,11 @@ from autotune.api import analyze
 from autotune.capabilities import Capabilities, Knob
 from autotune.config import ConfigError, dump_config, load_config
 from autotune.plan import Plan
+from autotune.search.driver import Driver
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 from autotune.trial import TrialResult
-from autotune.tune import finalist_order, search_with_seeds, tune
+from autotune.tune import finalist_order, search, tune
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -380,31 +381,21 @@ def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
         tune(missing, isolate=False, progress=False)
 
 
-class _RecordingEvaluator:
-    """Stands in for ``Evaluator`` in ``search_with_seeds``: the synthetic results, and every hand-over recorded."""
+class _RecordingHarness:
+    """A fake harness for the driver: the synthetic results, and every hand-over of plans recorded."""
 
-    def __init__(self, config, space, workers, **synthetic):
-        self.config = config
+    def __init__(self, space, workers, **synthetic):
         self.workers = workers
         self.inner = synthetic_evaluator(space, **synthetic)
         self.results = {}
-        self.handed = []  # ("one", [plan]) per evaluate, ("many", plans) per evaluate_many
+        self.handed = []  # the plans of each evaluate_many
 
     @property
     def builds(self):
         return len(self.results)
 
-    def _result(self, plan):
-        if plan.hash not in self.results:
-            self.results[plan.hash] = self.inner(plan)
-        return self.results[plan.hash]
-
-    def evaluate(self, plan):
-        self.handed.append(("one", [plan]))
-        return self._result(plan)
-
-    def evaluate_many(self, plans, limit):
-        self.handed.append(("many", list(plans)))
+    def evaluate_many(self, plans, limit=None):
+        self.handed.append(list(plans))
         unique = list(dict((plan.hash, plan) for plan in plans).values())
         hits = [
             dataclasses.replace(self.results[plan.hash], from_store=True)
@@ -412,7 +403,14 @@ class _RecordingEvaluator:
             if plan.hash in self.results
         ]
         fresh = [plan for plan in unique if plan.hash not in self.results][:limit]
-        return hits + [self._result(plan) for plan in fresh]
+        for plan in fresh:
+            self.results[plan.hash] = self.inner(plan)
+        return hits + [self.results[plan.hash] for plan in fresh]
+
+
+def _search(config, space, harness, strategy):
+    """The strategy's search with its seeds, driven over the fake harness; the free knobs fixed."""
+    return search(config, space, Driver.for_config(harness, config), None, None, strategy, False)
 
 
 @pytest.mark.parametrize("strategy", ["random", "greedy"])
@@ -420,17 +418,17 @@ def test_seeds_travel_with_the_first_random_plans_on_several_workers_and_come_fi
     config = tiny_config(tmp_path, budget={"builds": 8})
     _, space = analyze(config)
     seed = space.uniform("int8")  # the tiny model's one uniform seed on the ONNX Runtime CPU backend
-    one = _RecordingEvaluator(config, space, workers=1)
-    search_with_seeds(config, space, one.evaluate, one, None, strategy, False, one.evaluate_many)
-    assert one.handed[0] == ("one", [seed])  # one worker: the seed first, on its own, then the search
-    many = _RecordingEvaluator(config, space, workers=4)
-    search_with_seeds(config, space, many.evaluate, many, None, strategy, False, many.evaluate_many)
-    first_kind, first_plans = many.handed[0]
+    one = _RecordingHarness(space, workers=1)
+    _search(config, space, one, strategy)
+    assert one.handed[0] == [seed]  # one worker: the seed first, on its own, then the search
+    many = _RecordingHarness(space, workers=4)
+    _search(config, space, many, strategy)
+    first_plans = many.handed[0]
     if strategy == "random":  # the seed heads the first batch, in one stream with the random plans
-        assert first_kind == "many" and first_plans[0] == seed and len(first_plans) == 8
+        assert first_plans[0] == seed and len(first_plans) == 8
         assert list(many.results) == list(one.results)  # the same builds in the same order as with one worker
     else:  # greedy starts from the seed's result: the seed round comes first
-        assert (first_kind, first_plans) == ("many", [seed])
+        assert first_plans == [seed]
     assert many.builds == one.builds and many.builds <= 8
 
 
@@ -458,10 +456,10 @@ KNOB_LATENCY = {("attention", "eager"): 1.3, ("cuda_graphs", False): 0.8, ("allo
 def test_free_knobs_are_measured_on_the_fastest_seed_then_fixed_for_the_search(tmp_path, strategy):
     config = tiny_config(tmp_path, budget={"builds": 16})
     space = _gpu_like_space()
-    evaluator = _RecordingEvaluator(config, space, workers=1, knob_latency=KNOB_LATENCY)
-    fixed = search_with_seeds(config, space, evaluator.evaluate, evaluator, None, strategy, False)
+    evaluator = _RecordingHarness(space, workers=1, knob_latency=KNOB_LATENCY)
+    fixed = _search(config, space, evaluator, strategy)
     assert fixed == {"attention": "sdpa", "cuda_graphs": False}
-    plans = [plans[0] for kind, plans in evaluator.handed]
+    plans = [plan for plans in evaluator.handed for plan in plans]
     assert [p.knob("base_precision") for p in plans[:2]] == ["fp16", "bf16"]  # the float seeds first
     fastest = max(plans[:2], key=lambda p: evaluator.results[p.hash].speedup)
     # then each free knob's other value on the fastest seed, one knob at a time, on the best plan so far
@@ -479,8 +477,8 @@ def test_free_knobs_are_measured_on_the_fastest_seed_then_fixed_for_the_search(t
 def test_free_knobs_left_unmeasured_by_the_budget_stay_in_the_search(tmp_path):
     config = tiny_config(tmp_path, budget={"builds": 3})
     space = _gpu_like_space()
-    evaluator = _RecordingEvaluator(config, space, workers=1, knob_latency=KNOB_LATENCY)
-    fixed = search_with_seeds(config, space, evaluator.evaluate, evaluator, None, "random", False)
+    evaluator = _RecordingHarness(space, workers=1, knob_latency=KNOB_LATENCY)
+    fixed = _search(config, space, evaluator, "random")
     assert fixed == {"attention": "sdpa"} and evaluator.builds == 3  # two float seeds, one attention build
     assert space.with_fixed_knobs(fixed).free_knobs == [k for k in space.knobs if k.name == "cuda_graphs"]
 
@@ -489,8 +487,8 @@ def test_a_faster_value_within_the_margin_is_a_tie_and_the_seeds_value_stays(tmp
     config = tiny_config(tmp_path, budget={"builds": 16})
     space = _gpu_like_space()
     tie = {("attention", "eager"): 0.995, ("cuda_graphs", False): 1.2}
-    evaluator = _RecordingEvaluator(config, space, workers=1, knob_latency=tie)
-    assert search_with_seeds(config, space, evaluator.evaluate, evaluator, None, "random", False) == {
+    evaluator = _RecordingHarness(space, workers=1, knob_latency=tie)
+    assert _search(config, space, evaluator, "random") == {
         "attention": "sdpa",
         "cuda_graphs": True,
     }

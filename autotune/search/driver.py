@@ -218,6 +218,13 @@ def build_uniform_seeds(driver: Driver, space: SearchSpace) -> dict[str, KnobVal
     return fixed
 
 
+def seeded_space(driver: Driver, space: SearchSpace) -> tuple[SearchSpace, dict[str, KnobValue]]:
+    """Builds the uniform seeds in rounds of their own; the space with the free knobs they fixed, and those knobs."""
+    fixed = build_uniform_seeds(driver, space)
+    driver.stalled = 0  # seeds a resumed run finds in its store say nothing about the search
+    return space.with_fixed_knobs(fixed), fixed
+
+
 def seeds_ahead(space: SearchSpace, independent: bool, workers: int) -> list[Plan]:
     """The uniform seeds that head the search's first batch instead of being built in rounds of their own.
 
@@ -262,9 +269,7 @@ def search_with_seeds(
     fixed: dict[str, KnobValue] = {}
     ahead = seeds_ahead(space, independent, driver.workers) if seeded else []
     if seeded and not ahead:
-        fixed = build_uniform_seeds(driver, space)
-        space = space.with_fixed_knobs(fixed)
-        driver.stalled = 0  # seeds a resumed run finds in its store say nothing about the search
+        space, fixed = seeded_space(driver, space)
     if not driver.exhausted():
         driver.run(make_strategy(space), ahead)
     return fixed

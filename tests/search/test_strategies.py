@@ -4,6 +4,7 @@ import pytest
 
 from autotune.config import ConfigError
 from autotune.search import strategies
+from autotune.search.driver import Driver
 from autotune.search.reward import meets_budget
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
@@ -22,6 +23,7 @@ class Harness:
         self.inner = synthetic_evaluator(space, **kwargs)
         self.results = {}
         self.plans = []
+        self.calls = []
         self.space = space
 
     def evaluate(self, plan):
@@ -31,10 +33,13 @@ class Harness:
             self.results[plan.hash] = self.inner(plan)
         return self.results[plan.hash]
 
+    workers = 1
+
+    @property
     def builds(self):
         return len(self.results)
 
-    def evaluate_many(self, plans, limit):
+    def evaluate_many(self, plans, limit=None):
         """As ``Evaluator.evaluate_many``: a plan given twice once, store hits first, at most ``limit`` builds."""
         self.calls.append((list(plans), limit))
         unique = list(dict((plan.hash, plan) for plan in plans).values())
@@ -47,75 +52,68 @@ class Harness:
         return hits + [self.evaluate(plan) for plan in fresh]
 
 
-def _context(tmp_path, space, harness, builds=12, seed=0, accuracy_budget=0.01, workers=1, ahead=()):
-    config = tiny_config(tmp_path, budget={"builds": builds, "stall_episodes": 50}, accuracy_budget=accuracy_budget)
-    harness.calls = []
-    return strategies.SearchContext(
-        config,
-        space,
-        harness.evaluate,
-        harness.builds,
-        seed=seed,
-        stall=50,
-        evaluate_many=harness.evaluate_many if workers > 1 else None,
-        workers=workers,
-        ahead=list(ahead),
+def _run(tmp_path, space, harness, name, builds=12, seed=0, accuracy_budget=0.01, workers=1, ahead=()):
+    """Runs the search ``name`` through the driver over ``harness``; returns the driver."""
+    config = tiny_config(
+        tmp_path, seed=seed, budget={"builds": builds, "stall_episodes": 50}, accuracy_budget=accuracy_budget
     )
+    harness.calls = []
+    harness.workers = workers
+    driver = Driver.for_config(harness, config)
+    driver.run(strategies.SEARCHES[name](space, config, workers), ahead)
+    return driver
 
 
 @pytest.mark.parametrize("name", ["random", "greedy", "optuna"])
 def test_strategies_propose_valid_plans_within_budget(tmp_path, space, name):
     harness = Harness(space)
-    context = _context(tmp_path, space, harness, builds=12)
-    getattr(strategies, f"search_{name}")(context)
-    assert 1 <= harness.builds() <= 12
+    _run(tmp_path, space, harness, name, builds=12)
+    assert 1 <= harness.builds <= 12
     if name != "greedy":
-        assert harness.builds() == 12
+        assert harness.builds == 12
 
 
 def test_random_is_reproducible_by_seed(tmp_path, space):
     runs = []
     for seed in (3, 3, 4):
         harness = Harness(space)
-        strategies.search_random(_context(tmp_path, space, harness, builds=6, seed=seed))
+        _run(tmp_path, space, harness, "random", builds=6, seed=seed)
         runs.append([p.hash for p in harness.plans])
     assert runs[0] == runs[1] != runs[2]
 
 
 def test_random_with_several_workers_hands_the_pool_the_whole_budget_and_builds_what_one_worker_builds(tmp_path, space):
     one = Harness(space)
-    strategies.search_random(_context(tmp_path, space, one, builds=20, seed=5))
+    _run(tmp_path, space, one, "random", builds=20, seed=5)
     many = Harness(space)
-    strategies.search_random(_context(tmp_path, space, many, builds=20, seed=5, workers=4))
+    _run(tmp_path, space, many, "random", builds=20, seed=5, workers=4)
     # one call with a plan for every build, not a round of 4 plans waiting for its slowest build
     first_plans, first_limit = many.calls[0]
     assert first_limit == 20 and len(first_plans) == 20
     # another call only for the builds that store hits and repeats left unspent, never a plan past the limit
     assert all(len(plans) == limit for plans, limit in many.calls)
-    assert many.builds() == one.builds() == 20
+    assert many.builds == one.builds == 20
     assert list(many.results) == list(one.results)  # the same seed builds the same plans, in the same order
     streamed = [p.hash for plans, _ in many.calls for p in plans]
-    assert streamed == [p.hash for p in one.plans]  # and proposes them in the same sequence
+    assert streamed == [p.hash for plans, _ in one.calls for p in plans]  # and proposes them in the same sequence
+    assert all(len(plans) == 1 for plans, _ in one.calls)  # one worker: one plan at a time
 
 
 def test_random_builds_the_plans_ahead_at_the_head_of_its_first_batch(tmp_path, space):
     seeds = [space.uniform("int8"), space.uniform("fp32")]
     many = Harness(space)
-    strategies.search_random(_context(tmp_path, space, many, builds=10, seed=2, workers=4, ahead=seeds))
+    _run(tmp_path, space, many, "random", builds=10, seed=2, workers=4, ahead=seeds)
     first_plans, first_limit = many.calls[0]
     assert first_plans[:2] == seeds and len(first_plans) == first_limit == 10  # seeds and 8 random plans at once
-    assert list(many.results)[:2] == [p.hash for p in seeds] and many.builds() == 10
-    one = Harness(space)
-    strategies.search_random(_context(tmp_path, space, one, builds=10, seed=2, ahead=seeds))
-    assert one.plans[:2] == seeds and list(one.results) == list(many.results)
+    assert list(many.results)[:2] == [p.hash for p in seeds] and many.builds == 10
 
 
 def test_greedy_starts_all_int8_and_reverts_the_most_sensitive_layer_first(tmp_path, space):
     harness = Harness(space)
     all_int8 = harness.inner(space.uniform("int8"))
     # a budget all-INT8 misses by a little: reverting the single most sensitive layer must meet it
-    context = _context(tmp_path, space, harness, builds=30, accuracy_budget=all_int8.accuracy_drop * 0.7)
-    strategies.search_greedy(context)
+    budget = all_int8.accuracy_drop * 0.7
+    _run(tmp_path, space, harness, "greedy", builds=30, accuracy_budget=budget)
     assert harness.plans[0] == space.uniform("int8")
     n_groups = len(space.groups)
     sensitivities = harness.plans[1 : 1 + n_groups]
@@ -125,23 +123,48 @@ def test_greedy_starts_all_int8_and_reverts_the_most_sensitive_layer_first(tmp_p
     }
     first_revert = harness.plans[1 + n_groups]
     assert first_revert.layers_in("fp32") == [max(gains, key=gains.get)]
-    assert any(meets_budget(r, context.config.accuracy_budget) for r in harness.results.values())
+    assert any(meets_budget(r, budget) for r in harness.results.values())
 
 
 def test_optuna_survives_failed_builds(tmp_path, space):
     harness = Harness(space, fail_knob=("graph_optimization_level", "basic"))
-    strategies.search_optuna(_context(tmp_path, space, harness, builds=15))
+    _run(tmp_path, space, harness, "optuna", builds=15)
     statuses = {r.status for r in harness.results.values()}
-    assert harness.builds() == 15 and "ok" in statuses
+    assert harness.builds == 15 and "ok" in statuses
 
 
 @pytest.mark.parametrize("workers", [1, 4])
 def test_stall_stops_a_strategy_that_only_hits_the_store(tmp_path, space, workers):
     harness = Harness(space)
-    context = _context(tmp_path, space, harness, builds=10_000, workers=workers)
-    strategies.search_random(context)  # the tiny space has a finite number of plans
-    assert context.exhausted() and harness.builds() < 10_000
-    assert len(harness.calls) <= 2  # with several workers: the repeats of the first batch count as store hits
+    driver = _run(tmp_path, space, harness, "random", builds=10_000, workers=workers)  # the tiny space is finite
+    assert driver.exhausted() and driver.stalled >= 50 and harness.builds < 10_000
+    if workers > 1:
+        assert len(harness.calls) <= 2  # the repeats of the first batch count as store hits
+
+
+def test_the_driver_ends_the_loop_when_the_strategy_proposes_nothing(tmp_path, space):
+    harness = Harness(space)
+    config = tiny_config(tmp_path, budget={"builds": 10})
+    driver = Driver.for_config(harness, config)
+    driver.run(strategies.Fixed(space, "int8"))
+    assert harness.plans == [space.uniform("int8")] and not driver.exhausted()
+
+
+def test_a_stepwise_strategy_is_told_its_rounds_results_and_the_budget_cuts_the_last_round(tmp_path, space):
+    names = space.layer_names
+    first = [space.uniform("int8"), space.uniform("fp32")]
+    second = [space.plan({names[0]: "int8"}), space.plan({names[1]: "int8"})]
+    told = []
+
+    def rounds():
+        told.append((yield first))
+        told.append((yield second))
+
+    harness = Harness(space)
+    driver = Driver.for_config(harness, tiny_config(tmp_path, budget={"builds": 3}))
+    driver.run(strategies.Stepwise(rounds()))
+    assert [[r.plan for r in results] for results in told] == [first]
+    assert [limit for _, limit in harness.calls] == [3, 1] and harness.plans == [*first, second[0]]
 
 
 @pytest.mark.parametrize("strategy", ["random", "greedy", "optuna", "int8"])

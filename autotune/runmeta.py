@@ -1,0 +1,59 @@
+"""A run's own metadata, typed: what ``tune`` records in the store beside the trials, read and written here only.
+
+Each field is one key of the store's ``meta`` table (the names older stores and the bench scripts read); the
+comparability key, the prior inputs and the self-checks have owners of their own (``autotune.harness``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.store import TrialStore
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """The run's metadata.
+
+    Attributes:
+        strategy: The strategy the run searches with (a resumed run keeps it).
+        imported_from: Earlier run directory to the trials imported from it (``--from``).
+        wall_s: Wall seconds of the search so far, summed over resumes.
+        cache_hits: Plans the store answered without a build.
+        free_knobs: The free knobs the uniform seeds fixed, name to value.
+        fp32_plan_hash: The FP32 plan, confirmed as the reference.
+    """
+
+    strategy: str | None = None
+    imported_from: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    cache_hits: int = 0
+    free_knobs: dict[str, Any] = field(default_factory=dict)
+    fp32_plan_hash: str | None = None
+
+    @classmethod
+    def read(cls, store: TrialStore) -> RunMeta:
+        """The metadata in ``store`` (a field never written has its default)."""
+        defaults = cls()
+        return cls(**{f.name: store.get_meta(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)})
+
+    @staticmethod
+    def write(store: TrialStore, **values: Any) -> None:
+        """Writes the given fields to ``store``.
+
+        Raises:
+            TypeError: A name is not a field of :class:`RunMeta`.
+        """
+        names = {f.name for f in dataclasses.fields(RunMeta)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise TypeError(f"not run metadata: {unknown}; fields: {sorted(names)}")
+        for name, value in values.items():
+            store.set_meta(name, value)
+
+    @staticmethod
+    def count_cache_hit(store: TrialStore) -> None:
+        """One more plan answered by the store."""
+        store.set_meta("cache_hits", int(store.get_meta("cache_hits", 0)) + 1)
