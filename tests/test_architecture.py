@@ -155,3 +155,24 @@ def test_the_cli_offers_the_strategies_and_precisions_the_api_takes():
     assert {"ppo", "planner", "random", "greedy", "optuna", *PRECISIONS} == set(STRATEGIES)
     plan_help = next(a for a in commands["evaluate"]._actions if a.dest == "plan").help
     assert all(precision in plan_help for precision in PRECISIONS)
+
+
+def _long_functions(path: Path, most: int) -> list[str]:
+    """The functions of a file whose body (docstring included) runs over ``most`` lines."""
+    tree = ast.parse(path.read_text())
+    return [
+        f"{node.name}: {node.end_lineno - node.body[0].lineno + 1} lines"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.body[0].lineno + 1 > most
+    ]
+
+
+def test_the_agent_and_the_run_read_in_functions_of_at_most_60_lines():
+    assert _long_functions(ROOT / "autotune" / "agent.py", 60) == []
+    assert not [name for name in _long_functions(ROOT / "autotune" / "tune.py", 60) if name.startswith("tune:")]
+
+
+def test_the_function_length_check_finds_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "long.py").write_text(f"def long():\n{body}\n")
+    assert _long_functions(tmp_path / "long.py", 60) == ["long: 61 lines"]

@@ -10,6 +10,7 @@ Store hits are free, so the loop also stops after ``budget.stall_episodes`` plan
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -42,7 +43,7 @@ class OneByOne:
     """A :class:`Harness` over a plain ``evaluate(plan)`` and a build count: one build at a time.
 
     For the simulator and tests, whose ``evaluate`` answers repeats itself; a plan is evaluated only while the
-    builds it started with plus ``limit`` are not reached.
+    builds it started with plus ``limit`` are not reached, and a result that spent no build is a store hit.
     """
 
     workers = 1
@@ -60,9 +61,14 @@ class OneByOne:
         """See :meth:`Harness.evaluate_many`."""
         stop = None if limit is None else self._builds() + limit
         for plan in dict((plan.hash, plan) for plan in plans).values():
-            if stop is not None and self._builds() >= stop:
+            before = self._builds()
+            if stop is not None and before >= stop:
                 return
-            yield self._evaluate(plan)
+            result = self._evaluate(plan)
+            # An answer that cost no build is a store hit, whatever ``evaluate`` says: the stall rule counts it.
+            yield (
+                result if self._builds() > before or result.from_store else dataclasses.replace(result, from_store=True)
+            )
 
 
 class Driver:
