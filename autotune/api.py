@@ -169,11 +169,12 @@ def resolve_plan(spec: str, space: SearchSpace, one_liners: tuple[str, ...] = ()
         if plan.reference not in one_liners:
             raise SetupError(f"{path}: {plan.reference!r} is not a one-liner of this backend: {list(one_liners)}")
         return Plan.reference_plan(space.layer_names, plan.reference)
-    plan = space.plan(plan.precision_map, plan.knob_map)
+    # Checked as written: completing it first would drop the layers and knobs this space lacks (a plan file of
+    # another model would quietly run all FP32).
     problems = space.violations(plan)
     if problems:
         raise SetupError(f"{path}: " + "; ".join(problems))
-    return plan
+    return space.plan(plan.precision_map, plan.knob_map)
 
 
 def evaluate(config: TuneConfig, plan_spec: str, split: str = "evaluation", isolate: bool = True) -> dict[str, Any]:
