@@ -60,6 +60,8 @@ def test_every_episode_is_logged_and_the_best_is_drawn_against_builds(tmp_path):
 def test_a_resumed_run_starts_from_the_best_in_the_store_and_its_bar_from_its_builds(tmp_path):
     config = tiny_config(tmp_path)
     monitor = RunMonitor(config, tmp_path / "tb", builds_done=2, progress=True)
+    monitor.seed([TrialResult.failure(Plan.make({"fc1": "int8"}), "BuildError")])
+    assert monitor.best is None  # a failure is never the best, whatever its reward
     best = _trial("int8", 4.0, 0.0)
     monitor.seed([_trial("fp16", 1.5, 0.0), best, TrialResult.failure(Plan.make({"fc1": "bf16"}), "x")])
     assert monitor.best is best and monitor._bar.n == 2 and monitor._bar.total == config.budget.builds
