@@ -268,9 +268,16 @@ def test_the_printed_summary_shows_both_timings_and_both_ratios_where_the_backen
     assert "ms b2b" not in out and "(torch-bf16): 1.25x one launch\n" in out
 
 
-def test_resume_set_continues_a_finished_run_to_a_larger_budget_and_refuses_other_keys(config_file, capsys):
+def test_resume_set_continues_a_finished_run_to_a_larger_budget_and_refuses_other_keys(
+    config_file, capsys, monkeypatch
+):
+    import functools
+
     import yaml
 
+    import autotune.cli
+
+    monkeypatch.setattr(autotune.cli, "tune", functools.partial(autotune.cli.tune, isolate=False))  # no child process
     assert main(["baseline", str(config_file), "--strategy", "random", "--budget", "2", "--no-progress"]) == 0
     run_dir = config_file.parent / "runs" / "tiny-random-s0"
     assert "builds 2," in capsys.readouterr().out
