@@ -74,7 +74,9 @@ on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pai
 INT8_SCHEME_KNOB = "int8_scheme"
 """The knob that picks a plan's INT8 scheme among those this CPU computes exactly (``INT8_SCHEMES`` order, the
 first exact one the default). Where several are exact they differ in speed, not in what they compute correctly:
-u8s8 and u8u8 give the same numbers on different kernels, u8s7 halves the weight resolution."""
+u8s8 and u8u8 give the same numbers on different kernels, u8s7 halves the weight resolution. Searched where a
+config names it (``search.knobs.int8_scheme: [u8s8, u8u8, u8s7]``); elsewhere plans leave it unset and build
+with the default."""
 
 
 def _probe_session(model: onnx.ModelProto) -> Any:
@@ -130,7 +132,8 @@ class OnnxRuntimeCPU(GraphBackend):
 
     FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts.
     INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86, with 8-bit
-    weights where this CPU's kernels compute them exactly, uint8 (or 7-bit) ones where they saturate (``recipe``).
+    weights where this CPU's kernels compute them exactly, uint8 (or 7-bit) ones where they saturate (``recipe``);
+    the ``int8_scheme`` knob picks another exact scheme for a plan (``recipe_for``).
 
     Args:
         intra_op_threads: Threads per session, fixed by the deployment.

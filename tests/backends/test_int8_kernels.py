@@ -174,6 +174,7 @@ def test_saturating_int8_weights_lower_to_uint8_weights_on_the_same_grid(monkeyp
     _assert_matches(got, int8_reference(model, layers, plan, ranges, ORT_X86, feeds, ort_bias=True), kind)
     arithmetic = backend.int8_arithmetic()
     assert arithmetic["scheme"] == "u8u8" and arithmetic["weight_range"] == [-127, 127]
+    assert arithmetic["exact"] == ["u8u8", "u8s7"]  # the int8_scheme knob's values
     assert arithmetic["verdicts"]["u8s8"].startswith("u8s8: saturating")
 
 
