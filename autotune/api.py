@@ -169,8 +169,14 @@ def resolve_plan(spec: str, space: SearchSpace, one_liners: tuple[str, ...] = ()
         if plan.reference not in one_liners:
             raise SetupError(f"{path}: {plan.reference!r} is not a one-liner of this backend: {list(one_liners)}")
         return Plan.reference_plan(space.layer_names, plan.reference)
-    # Checked as written: completing it first would drop the layers and knobs this space lacks (a plan file of
-    # another model would quietly run all FP32).
+    unsearched = sorted(set(plan.knob_map) - {knob.name for knob in space.knobs})
+    if unsearched:  # dropped, the plan would build as another one (an opt-in knob's default)
+        raise SetupError(
+            f"{path}: sets knobs {unsearched} that this run's search space lacks; name them in the config's "
+            f"search.knobs (e.g. search.knobs.{unsearched[0]}: [{plan.knob_map[unsearched[0]]!r}])"
+        )
+    # Checked as written: completing it first would drop the layers this space lacks (a plan file of another
+    # model would quietly run all FP32).
     problems = space.violations(plan)
     if problems:
         raise SetupError(f"{path}: " + "; ".join(problems))
