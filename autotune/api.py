@@ -169,11 +169,18 @@ def resolve_plan(spec: str, space: SearchSpace, one_liners: tuple[str, ...] = ()
         if plan.reference not in one_liners:
             raise SetupError(f"{path}: {plan.reference!r} is not a one-liner of this backend: {list(one_liners)}")
         return Plan.reference_plan(space.layer_names, plan.reference)
-    plan = space.plan(plan.precision_map, plan.knob_map)
+    unsearched = sorted(set(plan.knob_map) - {knob.name for knob in space.knobs})
+    if unsearched:  # dropped, the plan would build as another one (an opt-in knob's default)
+        raise SetupError(
+            f"{path}: sets knobs {unsearched} that this run's search space lacks; name them in the config's "
+            f"search.knobs (e.g. search.knobs.{unsearched[0]}: [{plan.knob_map[unsearched[0]]!r}])"
+        )
+    # Checked as written: completing it first would drop the layers this space lacks (a plan file of another
+    # model would quietly run all FP32).
     problems = space.violations(plan)
     if problems:
         raise SetupError(f"{path}: " + "; ".join(problems))
-    return plan
+    return space.plan(plan.precision_map, plan.knob_map)
 
 
 def evaluate(config: TuneConfig, plan_spec: str, split: str = "evaluation", isolate: bool = True) -> dict[str, Any]:
@@ -225,3 +232,29 @@ def evaluate_side_by_side(
             summary["plan_summary"] = plan.describe()
             summaries.append(summary)
     return summaries
+
+
+def load(best_dir: str | Path, device: str | None = None) -> Any:
+    """A run's exported winner, ready to call at the speed the run measured: ``autotune.load("runs/NAME/best")``.
+
+    A torch export (``manifest.json``) comes back compiled and captured with the winner's knobs
+    (``autotune.backends.torch.load_engine``); call it with the model's inputs.
+
+    Args:
+        best_dir: The export directory (a run's ``best/``).
+        device: Where to run; default the device the run built for.
+
+    Raises:
+        ValueError: The directory holds no torch export (ONNX Runtime's ``model.onnx`` and TensorRT's
+            ``engine.plan`` load with their own runtimes).
+    """
+    best_dir = Path(best_dir)
+    if not (best_dir / "manifest.json").is_file():
+        found = sorted(path.name for path in best_dir.iterdir()) if best_dir.is_dir() else []
+        raise ValueError(
+            f"{best_dir}: no manifest.json, so no torch export (found {found}); an ONNX Runtime export is "
+            f"model.onnx (onnxruntime.InferenceSession) and a TensorRT one engine.plan"
+        )
+    from autotune.backends.torch import load_engine
+
+    return load_engine(best_dir, device)

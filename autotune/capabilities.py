@@ -24,6 +24,11 @@ class Knob:
             fastest uniform seed and fixes the fastest for every later plan (``autotune.search.driver.fix_free_knobs``)
             instead of searching it. A knob that changes the numbers (TF32, a base precision) or whose effect
             depends on the rest of the plan is not free.
+        unavailable: Values the backend knows but cannot offer on this machine, each with why (an INT8 scheme
+            whose kernels saturate here): a config that asks for one is refused with the reason, not narrowed.
+        opt_in: The search space has the knob only where the config's ``search.knobs`` names it; elsewhere every
+            plan leaves it unset and builds with its default (so the plans, and their hashes, of a run that does
+            not search it stay what they were before the knob existed).
     """
 
     name: str
@@ -31,6 +36,8 @@ class Knob:
     description: str = ""
     follows_precision: bool = False
     free: bool = False
+    unavailable: tuple[tuple[KnobValue, str], ...] = ()
+    opt_in: bool = False
 
     @property
     def default(self) -> KnobValue:

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from autotune import api
-from autotune.config import ConfigError, load_config
+from autotune.config import ConfigError, dump_config, load_config
+from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
 from autotune.measure import compare_rounds
 from autotune.plan import PRECISIONS
@@ -164,10 +165,36 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+# What a resumed run may change: how much it spends, how it confirms, where its trials run. Every other key decides
+# what its stored trials measured (model, data, backend, search space, protocol, reward) or how its agent was built.
+RESUMABLE_SECTIONS = ("budget", "confirm", "execution")
+
+
 def _resume(args: argparse.Namespace) -> int:
+    if args.set:
+        _override_run_config(Path(args.run_dir), args.set)
     summary = tune(resume_dir=Path(args.run_dir), progress=not args.no_progress)
     _print_summary(summary)
     return 0
+
+
+def _override_run_config(run_dir: Path, overrides: list[str]) -> None:
+    """Writes ``--set`` overrides into a run's resolved config, so this resume and every later one uses them.
+
+    Raises:
+        ConfigError: A key outside ``RESUMABLE_SECTIONS``, or a bad value (nothing is written then).
+    """
+    from autotune.rundir import RunDir
+
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key.split(".", 1)[0] not in RESUMABLE_SECTIONS:
+            raise ConfigError(
+                f"resume --set {key}: a resumed run may change only {', '.join(s + '.*' for s in RESUMABLE_SECTIONS)}; "
+                f"to change {key}, start a new run that reuses this one's trials: autotune tune CONFIG --from {run_dir}"
+            )
+    run, _ = RunDir.open(run_dir)
+    atomic_write(run.config, dump_config(load_config(run.config, overrides)))
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -238,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")
     resume.add_argument("run_dir")
+    resume.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a key of {', '.join(s + '.*' for s in RESUMABLE_SECTIONS)} for the rest of the run, "
+        "e.g. budget.builds=80 to continue a finished run longer",
+    )
     resume.add_argument("--no-progress", action="store_true")
     resume.set_defaults(handler=_resume)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,14 +121,31 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+FACADE_EXPORTS = {"autotune": {"autotune.api"}}
+"""The package's own ``__init__`` may re-export the API, lazily (PEP 562 ``__getattr__``): see the test below."""
+
+
 def test_dependencies_point_down_the_layers():
     upward = [
         f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
         for module, targets in sorted(_graph().items())
-        for target in sorted(targets)
+        for target in sorted(targets - FACADE_EXPORTS.get(module, set()))
         if _layer(target) > _layer(module) and not module.startswith(target + ".")
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_importing_the_package_loads_config_and_plan_only_until_the_api_is_asked_for():
+    script = (
+        "import json, sys, autotune\n"
+        "before = sorted(m for m in sys.modules if m.startswith('autotune.'))\n"
+        "heavy = [m for m in ('onnx', 'onnxruntime', 'torch', 'numpy') if m in sys.modules]\n"
+        "print(json.dumps({'before': before, 'heavy': heavy, 'load': autotune.load.__module__}))"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
+    found = json.loads(out.stdout)
+    assert not [m for m in found["before"] if m.startswith(("autotune.api", "autotune.backends", "autotune.harness"))]
+    assert found["heavy"] == [] and found["load"] == "autotune.api"
 
 
 def test_the_search_never_imports_the_env_and_the_env_only_the_search():

@@ -266,3 +266,30 @@ def test_the_printed_summary_shows_both_timings_and_both_ratios_where_the_backen
     _print_summary(summary)
     out = capsys.readouterr().out
     assert "ms b2b" not in out and "(torch-bf16): 1.25x one launch\n" in out
+
+
+def test_resume_set_continues_a_finished_run_to_a_larger_budget_and_refuses_other_keys(
+    config_file, capsys, monkeypatch
+):
+    import functools
+
+    import yaml
+
+    import autotune.cli
+
+    monkeypatch.setattr(autotune.cli, "tune", functools.partial(autotune.cli.tune, isolate=False))  # no child process
+    assert main(["baseline", str(config_file), "--strategy", "random", "--budget", "2", "--no-progress"]) == 0
+    run_dir = config_file.parent / "runs" / "tiny-random-s0"
+    assert "builds 2," in capsys.readouterr().out
+
+    assert main(["resume", str(run_dir), "--set", "model.onnx=other.onnx", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "model.onnx" in err and "budget.*" in err and f"--from {run_dir}" in err
+    assert main(["resume", str(run_dir), "--set", "budget.builds=0", "--no-progress"]) == 2
+    assert "budget.builds" in capsys.readouterr().err
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["budget"]["builds"] == 2  # refused: unchanged
+
+    assert main(["resume", str(run_dir), "--set", "budget.builds=3", "--no-progress"]) == 0
+    assert "builds 3," in capsys.readouterr().out
+    assert json.loads((run_dir / "summary.json").read_text())["builds"] == 3
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["budget"]["builds"] == 3  # a later resume keeps it

@@ -120,6 +120,14 @@ class Backend(ABC):
         """
         return None
 
+    def recipe_for(self, plan: Plan) -> QuantRecipe:
+        """The Q/DQ recipe a plan's INT8 layers are lowered with: ``recipe`` unless a knob of the plan picks another.
+
+        Raises:
+            BuildError: The plan's knobs name a recipe this machine cannot run.
+        """
+        return self.recipe
+
     def layer_probe(self) -> LayerProbe | None:
         """What runs the layerwise calibration's single-layer evaluations on this backend's device, or None.
 
@@ -172,7 +180,7 @@ class GraphBackend(Backend):
 
     def build(self, plan: Plan, quantization: Quantization, workdir: Path) -> GraphArtifact:
         """Lowers the plan to a typed graph and builds it."""
-        graph = lower(self.model, plan, quantization, self.recipe)
+        graph = lower(self.model, plan, quantization, self.recipe_for(plan))
         return GraphArtifact(graph, self.build_graph(graph, plan.knob_map, workdir))
 
     def run(self, artifact: GraphArtifact, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

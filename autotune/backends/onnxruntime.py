@@ -71,6 +71,14 @@ CPU's U8S8 kernels compute them exactly (VNNI, AMX); else uint8 weights on the s
 on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pairs then fit int16)."""
 
 
+INT8_SCHEME_KNOB = "int8_scheme"
+"""The knob that picks a plan's INT8 scheme among those this CPU computes exactly (``INT8_SCHEMES`` order, the
+first exact one the default). Where several are exact they differ in speed, not in what they compute correctly:
+u8s8 and u8u8 give the same numbers on different kernels, u8s7 halves the weight resolution. Searched where a
+config names it (``search.knobs.int8_scheme: [u8s8, u8u8, u8s7]``); elsewhere plans leave it unset and build
+with the default."""
+
+
 def _probe_session(model: onnx.ModelProto) -> Any:
     """A one-thread session with every graph optimization and the optimizers of DISABLED_FOR_QDQ off."""
     import onnxruntime as ort
@@ -124,7 +132,8 @@ class OnnxRuntimeCPU(GraphBackend):
 
     FP16 is not offered: x86 CPUs without avx512_fp16 run it as FP32 with extra Casts.
     INT8 uses uint8 activations and int8 per-channel weights, the only recipe that is fast on x86, with 8-bit
-    weights where this CPU's kernels compute them exactly, uint8 (or 7-bit) ones where they saturate (``recipe``).
+    weights where this CPU's kernels compute them exactly, uint8 (or 7-bit) ones where they saturate (``recipe``);
+    the ``int8_scheme`` knob picks another exact scheme for a plan (``recipe_for``).
 
     Args:
         intra_op_threads: Threads per session, fixed by the deployment.
@@ -149,19 +158,59 @@ class OnnxRuntimeCPU(GraphBackend):
         """The probe's verdict per INT8 scheme (see :func:`int8_verdicts`), on this backend's sessions."""
         return int8_verdicts(lambda model: self._session(model, {}))
 
+    def int8_schemes(self) -> dict[str, QuantRecipe]:
+        """The INT8 schemes this CPU's kernels compute exactly, by name, in ``INT8_SCHEMES`` order.
+
+        The first is ``recipe``, the default of the ``int8_scheme`` knob; a saturating scheme is never among them.
+        """
+        verdicts = self.int8_verdicts()
+        return {scheme_name(r): r for r in INT8_SCHEMES if verdicts[scheme_name(r)].exact}
+
+    def recipe_for(self, plan: Plan) -> QuantRecipe:
+        """The scheme the plan's ``int8_scheme`` knob names; ``recipe`` (the first exact one) where it names none.
+
+        Raises:
+            BuildError: The knob names a scheme that does not compute exactly on this CPU (a plan from another
+                machine's run).
+        """
+        name = plan.knob(INT8_SCHEME_KNOB)
+        if name is None:
+            return self.recipe
+        exact = self.int8_schemes()
+        if name not in exact:
+            raise BuildError(
+                f"{INT8_SCHEME_KNOB}={name!r} does not compute exactly on this CPU; exact here: {list(exact)}"
+            )
+        return exact[name]
+
     def int8_arithmetic(self) -> dict[str, Any]:
-        """The scheme the lowering uses here, its weight range, the CPU's INT8 ISA and the probe's verdicts."""
+        """The default scheme here, its weight range, the exact schemes, the CPU's INT8 ISA and the probe's verdicts."""
         recipe = self.recipe
         return {
             "scheme": scheme_name(recipe),
             "weight_range": [-recipe.weight_max, recipe.weight_max],
+            "exact": list(self.int8_schemes()),
             "isa": list(isa_features()),
             "verdicts": {name: verdict.describe() for name, verdict in self.int8_verdicts().items()},
         }
 
     def capabilities(self) -> Capabilities:
-        """INT8 for weight layers; optimization level and spinning as knobs."""
+        """INT8 for weight layers; optimization level, spinning and the INT8 scheme as knobs.
+
+        ``int8_scheme`` offers the schemes the probe found exact on this CPU, the default (today's choice) first;
+        the saturating ones are ``unavailable``, so a config that asks for one is refused with the verdict.
+
+        Raises:
+            RuntimeError: No INT8 scheme computes exactly here (the message names every verdict).
+        """
         int8 = ("fp32", "int8")
+        default = scheme_name(self.recipe)  # raises where no scheme is exact
+        exact = self.int8_schemes()
+        saturating = tuple(
+            (name, verdict.describe().split(": ", 1)[1])
+            for name, verdict in self.int8_verdicts().items()
+            if not verdict.exact
+        )
         return Capabilities(
             precisions={op: int8 for op in TUNABLE_OP_TYPES},
             knobs=(
@@ -169,6 +218,13 @@ class OnnxRuntimeCPU(GraphBackend):
                     "graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"
                 ),
                 Knob("allow_spinning", (True, False), "intra-op threads spin while waiting for work"),
+                Knob(
+                    INT8_SCHEME_KNOB,
+                    (default, *(name for name in exact if name != default)),
+                    "INT8 activation/weight types and weight range, among those this CPU computes exactly",
+                    unavailable=saturating,
+                    opt_in=True,  # searched where the config names it: a run that does not keeps its plans
+                ),
             ),
         )
 
@@ -235,12 +291,20 @@ class OnnxRuntimeCPU(GraphBackend):
         files = super().export(artifact, plan, out_dir)
         knobs = plan.knob_map if plan is not None else {}
         quantized = any(node.op_type == "DequantizeLinear" for node in artifact.graph.graph.node)
+        scheme = {}
+        if quantized and plan is not None and plan.reference is None:  # a one-liner quantizes by its own scheme
+            recipe = self.recipe_for(plan)
+            scheme = {
+                INT8_SCHEME_KNOB: scheme_name(recipe),
+                "int8_weight_range": [-recipe.weight_max, recipe.weight_max],
+            }
         session = {
             "providers": ["CPUExecutionProvider"],
             "graph_optimization_level": str(knobs.get("graph_optimization_level", "all")),
             "intra_op_num_threads": self.intra_op_threads,
             **spinning_entries(knobs),
             "disabled_optimizers": list(DISABLED_FOR_QDQ) if quantized else [],
+            **scheme,
             "usage": "onnxruntime.InferenceSession('model.onnx', options, providers=..., "
             "disabled_optimizers=...) with options.graph_optimization_level and intra_op_num_threads as above",
         }

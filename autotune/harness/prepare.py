@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from autotune.plan import CALIBRATION_KNOB, Plan
 from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, calibrate
 from autotune.quant.layerwise import LAYERWISE, SMOOTHING, LayerwiseChoices, choose_layer_methods
 from autotune.quant.lowering import Quantization
+from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import required_ranges
 from autotune.search.space import SearchSpace, build_space
 
@@ -108,8 +109,13 @@ def choose_layerwise(
     calibration: Calibration,
     data: Dataset,
     output_index: int,
+    recipe: QuantRecipe | None = None,
 ) -> LayerwiseChoices | None:
-    """Per-layer calibration recipes, when the search may use ``layerwise`` calibration; None otherwise."""
+    """Per-layer calibration recipes, when the search may use ``layerwise`` calibration; None otherwise.
+
+    The candidates' errors are measured with ``recipe``, the INT8 scheme of the plans they serve
+    (``Backend.recipe_for``); None: the backend's default ``recipe``.
+    """
     offered = next((knob.values for knob in space.knobs if knob.name == CALIBRATION_KNOB), ())
     if LAYERWISE not in offered:
         return None
@@ -119,7 +125,7 @@ def choose_layerwise(
         choices = choose_layer_methods(
             model.proto,
             layers,
-            backend.recipe,
+            recipe or backend.recipe,
             calibration,
             data.batches,
             output_index,
@@ -139,23 +145,53 @@ def choose_layerwise(
 
 
 class Quantizations:
-    """The ``Quantization`` each plan is built with, by its calibration knob.
+    """The ``Quantization`` each plan is built with, by its calibration knob and, for ``layerwise``, its INT8 scheme.
+
+    The layerwise choices weigh each layer's candidates by the error they cause with the scheme that runs (7-bit
+    weights err more than 8-bit ones), so a plan whose scheme differs from the one ``layerwise`` was chosen with
+    gets choices made with its own: by ``choose``, once per scheme, when the first such plan is built.
 
     Args:
         model: The run's model.
         calibration: Activation statistics of the run.
         layerwise: Per-layer recipes, or None when ``layerwise`` is not offered.
+        recipe: The INT8 scheme ``layerwise`` was chosen with; None: the one of every plan (``recipe_for`` unused).
+        recipe_for: The scheme a plan is lowered with (``Backend.recipe_for``).
+        choose: Per-layer recipes chosen with another scheme (``choose_layerwise`` with ``recipe``).
     """
 
-    def __init__(self, model: LoadedModel, calibration: Calibration, layerwise: LayerwiseChoices | None):
+    def __init__(
+        self,
+        model: LoadedModel,
+        calibration: Calibration,
+        layerwise: LayerwiseChoices | None,
+        recipe: QuantRecipe | None = None,
+        recipe_for: Callable[[Plan], QuantRecipe] | None = None,
+        choose: Callable[[QuantRecipe], LayerwiseChoices | None] | None = None,
+    ):
+        self.model = model
         self.calibration = calibration
         self.layerwise = layerwise
-        smoothing = layerwise.smoothing(model.proto, model.layers) if layerwise else {}
-        self._layerwise = Quantization(
-            calibration.ranges("max"),
-            layerwise.layer_ranges(calibration, smoothing, model.layers) if layerwise else {},
+        self._recipe_for = recipe_for
+        self._choose = choose
+        self._by_recipe: dict[QuantRecipe | None, Quantization] = {recipe: self._layerwise_quantization(layerwise)}
+        self._default_recipe = recipe
+
+    def _layerwise_quantization(self, layerwise: LayerwiseChoices | None) -> Quantization:
+        smoothing = layerwise.smoothing(self.model.proto, self.model.layers) if layerwise else {}
+        return Quantization(
+            self.calibration.ranges("max"),
+            layerwise.layer_ranges(self.calibration, smoothing, self.model.layers) if layerwise else {},
             smoothing,
         )
+
+    def layerwise_for(self, recipe: QuantRecipe | None) -> Quantization:
+        """The ``layerwise`` quantization chosen with ``recipe`` (chosen now where it was not yet)."""
+        if self._default_recipe is None or self._choose is None:
+            recipe = self._default_recipe
+        if recipe not in self._by_recipe:
+            self._by_recipe[recipe] = self._layerwise_quantization(self._choose(recipe))
+        return self._by_recipe[recipe]
 
     def __call__(self, plan: Plan) -> Quantization:
         """The ranges (and, for ``layerwise``, per-layer ranges and SmoothQuant factors) of a plan's method.
@@ -167,5 +203,5 @@ class Quantizations:
         if method == LAYERWISE:
             if self.layerwise is None:
                 raise ValueError("calibration=layerwise is not offered by this run's search.calibration_methods")
-            return self._layerwise
+            return self.layerwise_for(self._recipe_for(plan) if self._recipe_for is not None else None)
         return Quantization(self.calibration.ranges(method))

@@ -28,6 +28,7 @@ from autotune.metrics import fidelity, score
 from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE, lower
+from autotune.quant.recipe import QuantRecipe
 from autotune.trial import TrialResult
 
 CONFIRMATION_SPLIT = "holdout"
@@ -97,6 +98,7 @@ class TrialRunner:
                 f"replace the operator it names, or choose another backend"
             ) from error
         self.calibration = calibrate_ranges(config, self.model, self.backend, calibration_data)
+        self._calibration_data = calibration_data
         self.use_layerwise(
             choose_layerwise(
                 config, self.model, self.backend, self.space, self.calibration, calibration_data, self.output_index
@@ -119,8 +121,27 @@ class TrialRunner:
         return self.model.output_names.index(wanted)
 
     def use_layerwise(self, choices: LayerwiseChoices | None) -> None:
-        """Sets the per-layer recipes that plans with ``calibration=layerwise`` are built with."""
-        self.quantizations = Quantizations(self.model, self.calibration, choices)
+        """Sets the per-layer recipes that plans with ``calibration=layerwise`` are built with.
+
+        ``choices`` are those of the backend's default INT8 scheme; a plan of another scheme (``int8_scheme``) is
+        built with choices made with its own, chosen when the first such plan is built.
+        """
+
+        def choose(recipe: QuantRecipe) -> LayerwiseChoices | None:
+            return choose_layerwise(
+                self.config,
+                self.model,
+                self.backend,
+                self.space,
+                self.calibration,
+                self._calibration_data,
+                self.output_index,
+                recipe,
+            )
+
+        self.quantizations = Quantizations(
+            self.model, self.calibration, choices, self.backend.recipe, self.backend.recipe_for, choose
+        )
 
     @property
     def layerwise(self) -> LayerwiseChoices | None:
@@ -136,7 +157,7 @@ class TrialRunner:
 
     def typed_model(self, plan: Plan) -> onnx.ModelProto:
         """The explicitly typed ONNX graph a plan lowers to (what graph backends build)."""
-        return lower(self.model, plan, self.quantizations(plan), self.backend.recipe)
+        return lower(self.model, plan, self.quantizations(plan), self.backend.recipe_for(plan))
 
     def build(self, plan: Plan, workdir: Path) -> Any:
         """The backend's engine of a plan, or of the one-liner a reference plan names.
@@ -152,7 +173,7 @@ class TrialRunner:
             return self._one_liners[plan.reference]
         try:
             quantization = self.quantizations(plan)
-        except ValueError as error:
+        except (ValueError, SetupError) as error:  # layerwise not offered, or failed for the plan's scheme
             raise BuildError(str(error)) from error
         return self.backend.build(plan, quantization, workdir)
 

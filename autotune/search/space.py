@@ -121,6 +121,11 @@ class SearchSpace:
 def _restrict_knob(knob: Knob, allowed: Sequence[KnobValue] | None) -> Knob:
     if allowed is None:
         return knob
+    refused = [f"{value!r} ({why})" for value, why in knob.unavailable if value in allowed]
+    if refused:
+        raise ValueError(
+            f"search.knobs.{knob.name}: {', '.join(refused)} not offered on this machine; offered {list(knob.values)}"
+        )
     values = tuple(v for v in knob.values if v in allowed)
     if not values:
         raise ValueError(f"search.knobs.{knob.name}: none of {list(allowed)} is offered; allowed {list(knob.values)}")
@@ -150,12 +155,11 @@ def build_space(layers: Sequence[Layer], capabilities: Capabilities, config: Sea
         Knob(CALIBRATION_KNOB, tuple(config.calibration_methods), "activation range method of our calibration"),
         Knob(GRANULARITY_KNOB, tuple(config.weight_granularity), "INT8 weight scales per output channel or per tensor"),
     )
-    backend_knobs = {knob.name: knob for knob in capabilities.knobs}
-    unknown = set(config.knobs) - set(backend_knobs) - {k.name for k in recipe_knobs}
+    backend_knobs = {knob.name: knob for knob in capabilities.knobs if not knob.opt_in or knob.name in config.knobs}
+    offered = {knob.name for knob in capabilities.knobs}
+    unknown = set(config.knobs) - offered - {k.name for k in recipe_knobs}
     if unknown:
-        raise ValueError(
-            f"search.knobs names unknown knobs {sorted(unknown)}; this backend has {sorted(backend_knobs)}"
-        )
+        raise ValueError(f"search.knobs names unknown knobs {sorted(unknown)}; this backend has {sorted(offered)}")
     knobs = recipe_knobs + tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in backend_knobs.values())
     knobs = tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in knobs)
     return SearchSpace(tuple(layers), tuple(choices), knobs, config.group_size)

@@ -8,13 +8,16 @@ reference. The ``int8_numeric`` tests run the real probe; CI runs them under ``q
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from onnx import numpy_helper
 
+from autotune.api import resolve_plan
 from autotune.backends import int8_kernels
+from autotune.backends.base import BuildError
 from autotune.backends.int8_kernels import (
     PATTERNS,
     PatternResult,
@@ -25,11 +28,15 @@ from autotune.backends.int8_kernels import (
     scheme_name,
     scheme_verdicts,
 )
-from autotune.backends.onnxruntime import INT8_SCHEMES, OnnxRuntimeCPU, _probe_session
+from autotune.backends.onnxruntime import INT8_SCHEME_KNOB, INT8_SCHEMES, OnnxRuntimeCPU, _probe_session
+from autotune.harness import prepare
+from autotune.harness.prepare import SetupError
+from autotune.harness.runner import TrialRunner
 from autotune.model import prepare_model
 from autotune.plan import Plan
-from autotune.quant.lowering import Quantization
+from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, ORT_X86_UINT8_WEIGHTS
+from autotune.testing import tiny_config, tiny_space
 from tests.quant.test_rewrite import BUILDERS, RNG_SEED, _feeds, forward, int8_reference
 
 VNNI_OR_AMX = {"avx512_vnni", "avx_vnni", "amx_int8"}
@@ -167,6 +174,7 @@ def test_saturating_int8_weights_lower_to_uint8_weights_on_the_same_grid(monkeyp
     _assert_matches(got, int8_reference(model, layers, plan, ranges, ORT_X86, feeds, ort_bias=True), kind)
     arithmetic = backend.int8_arithmetic()
     assert arithmetic["scheme"] == "u8u8" and arithmetic["weight_range"] == [-127, 127]
+    assert arithmetic["exact"] == ["u8u8", "u8s7"]  # the int8_scheme knob's values
     assert arithmetic["verdicts"]["u8s8"].startswith("u8s8: saturating")
 
 
@@ -212,3 +220,146 @@ def test_the_verdict_is_probed_once_per_process(monkeypatch):
     assert OnnxRuntimeCPU(1).recipe == OnnxRuntimeCPU(2).recipe == ORT_X86_7BIT_WEIGHTS
     assert sorted(calls) == sorted(PATTERNS * len(INT8_SCHEMES))
     assert choose_recipe(INT8_SCHEMES, scheme_verdicts(INT8_SCHEMES, _probe_session)) == ORT_X86_7BIT_WEIGHTS
+
+
+# ---- the int8_scheme knob: the exact schemes, searched where a config names it -----------------------------------
+
+ALL_SCHEMES = {"int8_scheme": ["u8s8", "u8u8", "u8s7"]}
+RECIPES = {"u8s8": ORT_X86, "u8u8": ORT_X86_UINT8_WEIGHTS, "u8s7": ORT_X86_7BIT_WEIGHTS}
+
+
+def _scheme_knob(capabilities):
+    return next(knob for knob in capabilities.knobs if knob.name == INT8_SCHEME_KNOB)
+
+
+@pytest.mark.parametrize(
+    ("saturating", "offered"),
+    [
+        (set(), ("u8s8", "u8u8", "u8s7")),  # VNNI, AMX
+        ({"u8s8"}, ("u8u8", "u8s7")),  # AVX2 and AVX-512 without VNNI
+        ({"u8s8", "u8u8"}, ("u8s7",)),
+        ({"u8u8"}, ("u8s8", "u8s7")),
+    ],
+)
+def test_the_scheme_knob_offers_the_exact_schemes_in_the_probes_order(monkeypatch, saturating, offered):
+    force_verdicts(monkeypatch, saturating)
+    backend = OnnxRuntimeCPU(1)
+    knob = _scheme_knob(backend.capabilities())
+    assert knob.values == offered and knob.default == scheme_name(backend.recipe)
+    assert [name for name, _ in knob.unavailable] == [name for name in RECIPES if name in saturating]
+    assert all(why.startswith("saturating (MatMul 49.4%") for _, why in knob.unavailable)
+    assert tuple(backend.int8_schemes()) == offered
+
+
+def test_the_scheme_knob_is_searched_only_where_the_config_names_it(monkeypatch):
+    force_verdicts(monkeypatch, {"u8s8"})
+    default = tiny_space()
+    assert INT8_SCHEME_KNOB not in {knob.name for knob in default.knobs}
+    assert INT8_SCHEME_KNOB not in default.uniform("int8").knob_map  # the plans (and hashes) of before the knob
+    space = tiny_space(knobs={"int8_scheme": ["u8s7", "u8u8"]})
+    assert _scheme_knob(space).values == ("u8u8", "u8s7")  # the probe's order, the default first
+    assert space.uniform("int8").knob(INT8_SCHEME_KNOB) == "u8u8"
+
+
+def test_a_config_naming_a_saturating_scheme_is_one_line_naming_the_exact_ones(monkeypatch):
+    force_verdicts(monkeypatch, {"u8s8"})
+    with pytest.raises(ValueError) as error:
+        tiny_space(knobs={"int8_scheme": ["u8s8", "u8u8"]})
+    message = str(error.value)
+    assert message.startswith("search.knobs.int8_scheme: 'u8s8' (saturating (MatMul 49.4%")
+    assert message.endswith("not offered on this machine; offered ['u8u8', 'u8s7']") and "\n" not in message
+
+
+def test_a_plan_of_a_saturating_scheme_is_a_build_error_naming_the_exact_ones(monkeypatch, tmp_path):
+    force_verdicts(monkeypatch, {"u8s8"})
+    loaded, ranges, _ = _prepared("mlp")
+    backend = OnnxRuntimeCPU(1)
+    backend.prepare(loaded, loaded.layer_names)
+    plan = Plan.make(dict.fromkeys(loaded.layer_names, "int8"), {INT8_SCHEME_KNOB: "u8s8"})
+    with pytest.raises(BuildError, match=r"int8_scheme='u8s8' does not compute exactly .* \['u8u8', 'u8s7'\]"):
+        backend.build(plan, Quantization(ranges), tmp_path)
+
+
+def test_the_default_scheme_lowers_as_a_plan_without_the_knob(monkeypatch):
+    force_verdicts(monkeypatch, {"u8s8"})
+    loaded, ranges, _ = _prepared("cnn")
+    backend = OnnxRuntimeCPU(1)
+    backend.prepare(loaded, loaded.layer_names)
+    plan = Plan.make(dict.fromkeys(loaded.layer_names, "int8"))
+    at_default = plan.with_knobs(int8_scheme="u8u8")
+    assert backend.recipe_for(plan) == backend.recipe_for(at_default) == ORT_X86_UINT8_WEIGHTS
+    graphs = [lower(loaded, p, Quantization(ranges), backend.recipe_for(p)) for p in (plan, at_default)]
+    assert graphs[0].SerializeToString() == graphs[1].SerializeToString()
+    other = lower(loaded, plan, Quantization(ranges), backend.recipe_for(plan.with_knobs(int8_scheme="u8s7")))
+    assert other.SerializeToString() != graphs[0].SerializeToString()
+
+
+@pytest.mark.int8_numeric
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "gemm"])
+@pytest.mark.parametrize("scheme", list(RECIPES))
+def test_each_exact_scheme_lowers_to_its_weights_and_computes_its_reference(tmp_path, kind, scheme):
+    """The real probe decides: a scheme it finds exact computes its own reference; one that saturates is refused."""
+    loaded, ranges, feeds = _prepared(kind)
+    backend = OnnxRuntimeCPU(1)
+    backend.prepare(loaded, loaded.layer_names)
+    plan = Plan.make(dict.fromkeys(loaded.layer_names, "int8"), {INT8_SCHEME_KNOB: scheme})
+    if scheme not in backend.int8_schemes():
+        with pytest.raises(BuildError, match="does not compute exactly"):
+            backend.build(plan, Quantization(ranges), tmp_path)
+        return
+    artifact = backend.build(plan, Quantization(ranges), tmp_path)
+    recipe = RECIPES[scheme]
+    assert weight_dtypes(artifact.graph.graph) == {recipe.weight_dtype}
+    assert max(int(np.abs(w).max()) for w in int8_weights(artifact.graph.graph)) == recipe.weight_max
+    got = dict(zip(loaded.output_names, backend.run(artifact, feeds), strict=True))
+    # u8u8 holds the 8-bit weights offset by 128: the same integers, so the same reference as u8s8.
+    reference = ORT_X86_7BIT_WEIGHTS if recipe.weight_max == 64 else ORT_X86
+    _assert_matches(got, int8_reference(loaded.proto, loaded.layers, plan, ranges, reference, feeds, True), kind)
+
+
+def test_the_export_records_the_plans_scheme(monkeypatch, tmp_path):
+    force_verdicts(monkeypatch, set())
+    loaded, ranges, _ = _prepared("mlp")
+    backend = OnnxRuntimeCPU(1)
+    backend.prepare(loaded, loaded.layer_names)
+    for scheme, weight_range in (("u8u8", [-127, 127]), ("u8s7", [-64, 64])):
+        plan = Plan.make(dict.fromkeys(loaded.layer_names, "int8"), {INT8_SCHEME_KNOB: scheme})
+        backend.export(backend.build(plan, Quantization(ranges), tmp_path), plan, tmp_path / scheme)
+        session = json.loads((tmp_path / scheme / "session.json").read_text())
+        assert session["int8_scheme"] == scheme and session["int8_weight_range"] == weight_range
+    fp32 = Plan.make(dict.fromkeys(loaded.layer_names, "fp32"), {INT8_SCHEME_KNOB: "u8s7"})
+    backend.export(backend.build(fp32, Quantization(ranges), tmp_path), fp32, tmp_path / "fp32")
+    assert "int8_scheme" not in json.loads((tmp_path / "fp32" / "session.json").read_text())
+
+
+def test_a_plan_file_with_a_knob_the_run_does_not_search_is_refused(monkeypatch, tmp_path):
+    force_verdicts(monkeypatch, set())
+    space = tiny_space()
+    path = tmp_path / "plan.json"
+    path.write_text(space.uniform("int8").with_knobs(int8_scheme="u8s7").to_json())
+    with pytest.raises(SetupError, match=r"lacks; name them in the config's search.knobs .*int8_scheme: \['u8s7'\]"):
+        resolve_plan(str(path), space)
+    assert resolve_plan(str(path), tiny_space(knobs=ALL_SCHEMES)).knob(INT8_SCHEME_KNOB) == "u8s7"
+
+
+def test_layerwise_choices_are_made_with_the_scheme_each_plan_runs(monkeypatch, tmp_path):
+    force_verdicts(monkeypatch, set())
+    chosen_with = []
+    choose = prepare.choose_layer_methods
+
+    def recording(model, layers, recipe, *args, **kwargs):
+        chosen_with.append(recipe)
+        return choose(model, layers, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(prepare, "choose_layer_methods", recording)
+    runner = TrialRunner(tiny_config(tmp_path, search={"knobs": ALL_SCHEMES}))
+    assert chosen_with == [ORT_X86]  # the default scheme's, before any build
+    plan = runner.space.uniform("int8", {"calibration": "layerwise", "int8_scheme": "u8s7"})
+    assert runner.run(plan).ok and runner.run(plan.with_knobs(allow_spinning=False)).ok
+    assert runner.run(plan.with_knobs(calibration="max", int8_scheme="u8u8")).ok  # no layerwise: none chosen
+    assert chosen_with == [ORT_X86, ORT_X86_7BIT_WEIGHTS]  # once per scheme
+    default = runner.quantizations(plan.with_knobs(int8_scheme="u8s8"))
+    seven_bit = runner.quantizations(plan)
+    assert seven_bit is not default and seven_bit.layer_ranges.keys() == default.layer_ranges.keys()
+    typed = runner.typed_model(plan)
+    assert max(int(np.abs(w).max()) for w in int8_weights(typed.graph)) == 64

@@ -30,7 +30,7 @@ def test_capabilities_offer_int8_not_fp16_on_x86():
     assert capabilities.precisions_for("MatMul") == ("fp32", "int8")
     assert "fp16" not in capabilities.precisions_for("Conv")
     assert capabilities.precisions_for("Softmax") == ("fp32",)
-    assert {k.name for k in capabilities.knobs} == {"graph_optimization_level", "allow_spinning"}
+    assert {k.name for k in capabilities.knobs} == {"graph_optimization_level", "allow_spinning", "int8_scheme"}
 
 
 def test_int8_matmuls_fuse_into_integer_kernels(tiny):

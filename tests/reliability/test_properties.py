@@ -306,7 +306,10 @@ class _Rules:
 
     def __init__(self, capabilities: Capabilities, config: SearchSpaceConfig, restrictions: dict):
         self.capabilities, self.config = capabilities, config
-        offered = {knob.name: set(knob.values) for knob in capabilities.knobs}
+        # An opt-in knob (ORT's int8_scheme) is in the space only where the config names it.
+        offered = {
+            knob.name: set(knob.values) for knob in capabilities.knobs if not knob.opt_in or knob.name in restrictions
+        }
         self.knobs = {name: values & set(restrictions.get(name, values)) for name, values in offered.items()}
         self.knobs[CALIBRATION_KNOB] = set(config.calibration_methods)
         self.knobs[GRANULARITY_KNOB] = set(config.weight_granularity)
