@@ -329,25 +329,7 @@ def time_launch(artifact: TorchArtifact, feeds: Mapping[str, np.ndarray]) -> flo
 
     The feeds are copied in only when they are not the ones staged last, and the copy is not timed.
     """
-    import torch
-
-    apply_flags(artifact)
-    with torch.no_grad():
-        if artifact.stream is None:
-            if feeds is not artifact.staged:
-                stage(artifact, feeds)
-            start = time.perf_counter()
-            artifact.launch()
-            return (time.perf_counter() - start) * 1e3
-        start_event, end_event = artifact.events
-        with torch.cuda.stream(artifact.stream):
-            if feeds is not artifact.staged:
-                stage(artifact, feeds)
-            start_event.record(artifact.stream)
-            artifact.launch()
-            end_event.record(artifact.stream)
-        end_event.synchronize()
-        return float(start_event.elapsed_time(end_event))
+    return time_back_to_back(artifact, feeds, 1)
 
 
 def time_back_to_back(artifact: TorchArtifact, feeds: Mapping[str, np.ndarray], launches: int) -> float:
