@@ -33,7 +33,7 @@ def _measured() -> TrialResult:
         back_to_back_ms=1.9,
         reference_back_to_back_ms=4.8,
         split="holdout",
-        artifact="/tmp/model.onnx",
+        artifact="runs/demo/best/model.onnx",
         created_at=123.0,
     )
 
