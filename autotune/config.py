@@ -298,6 +298,10 @@ class BudgetConfig(_Strict):
     """Trials that build and measure; trials answered from the store are free."""
     stall_episodes: int = Field(400, gt=0)
     """Stop early when this many plans in a row were all answered from the store (the search converged)."""
+    minutes: float | None = Field(None, gt=0)
+    """Wall-clock minutes the search may build for in one session (``tune`` or ``resume``), whatever ``builds``
+    has left: a build started in time finishes, then the run goes on to the confirmation. Set-up and the
+    confirmation come on top. None: builds alone bound the search."""
 
 
 class PPOConfig(_Strict):

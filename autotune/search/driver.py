@@ -5,12 +5,14 @@ Below the driver is one harness protocol (:class:`Harness`): the real ``autotune
 of them. Above it are the strategies (:mod:`autotune.search.strategies`, the agent's planner and policy), which
 only decide which plans come next.
 
-Store hits are free, so the loop also stops after ``budget.stall_episodes`` plans in a row that built nothing.
+Store hits are free, so the loop also stops after ``budget.stall_episodes`` plans in a row that built nothing, and
+after ``budget.minutes`` of wall time where the config sets it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
@@ -78,18 +80,36 @@ class Driver:
         harness: Where plans are built.
         budget: Builds allowed (``budget.builds``).
         stall: Plans in a row answered from the store after which the loop gives up (``budget.stall_episodes``).
+        seconds: Wall time from the driver's creation after which no build starts (``budget.minutes``); None: none.
+        clock: Where the time comes from (``time.monotonic``; a test passes its own).
     """
 
-    def __init__(self, harness: Harness, budget: int, stall: int):
+    def __init__(
+        self,
+        harness: Harness,
+        budget: int,
+        stall: int,
+        seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.harness = harness
         self.budget = budget
         self.stall = stall
         self.stalled = 0
+        self.clock = clock
+        self.deadline = None if seconds is None else clock() + seconds
 
     @classmethod
     def for_config(cls, harness: Harness, config: TuneConfig) -> Driver:
-        """A driver with the budget and stall rule of ``config.budget``."""
-        return cls(harness, config.budget.builds, config.budget.stall_episodes)
+        """A driver with the budget, stall rule and time limit of ``config.budget``."""
+        budget = config.budget
+        seconds = None if budget.minutes is None else 60 * budget.minutes
+        return cls(harness, budget.builds, budget.stall_episodes, seconds)
+
+    @property
+    def out_of_time(self) -> bool:
+        """The wall time of ``budget.minutes`` has passed."""
+        return self.deadline is not None and self.clock() >= self.deadline
 
     @property
     def builds(self) -> int:
@@ -103,8 +123,8 @@ class Driver:
 
     @property
     def left(self) -> int:
-        """Builds the budget has left."""
-        return max(0, self.budget - self.harness.builds)
+        """Builds the budget has left: none once the time limit has passed."""
+        return 0 if self.out_of_time else max(0, self.budget - self.harness.builds)
 
     def exhausted(self) -> bool:
         """The budget is spent, or the plans of the last ``stall`` tries were all measured already."""
