@@ -17,6 +17,9 @@ CALIBRATION_KNOB = "calibration"
 """The recipe knob that picks the calibration method a plan's quantized layers are built with."""
 GRANULARITY_KNOB = "weight_granularity"
 """The recipe knob that picks per-channel or per-tensor weight scales."""
+INT8_SCHEME_KNOB = "int8_scheme"
+"""The knob that picks a plan's INT8 kernel scheme on ONNX Runtime CPU (``autotune.backends.onnxruntime``); u8s7
+halves the weight resolution, so the scheme changes a plan's numbers as the calibration does."""
 REFERENCE_KNOB = "reference"
 """Marks a reference plan: the engine the backend's own one-liner builds (``Backend.references``), measured by the
 same harness as every plan. No search space offers this knob, so no strategy ever proposes such a plan."""

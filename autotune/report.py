@@ -69,6 +69,9 @@ def _machine_lines(summary: dict) -> list[str]:
         low, high = arithmetic["weight_range"]
         verdicts = "; ".join(arithmetic.get("verdicts", {}).values())
         lines.append(f"- INT8 scheme: {arithmetic['scheme']} (weights in [{low}, {high}]); kernel probe: {verdicts}")
+        winner = arithmetic.get("winner_scheme", arithmetic["scheme"])
+        if winner != arithmetic["scheme"]:  # the run searched int8_scheme, and another exact scheme won
+            lines.append(f"- the winner's INT8 scheme: {winner} (`int8_scheme` searched)")
     return lines
 
 

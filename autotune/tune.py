@@ -30,7 +30,7 @@ from autotune.harness.selfcheck import (
     with_measured_noise,
 )
 from autotune.monitor import RunMonitor
-from autotune.plan import PRECISIONS, KnobValue, Plan
+from autotune.plan import INT8_SCHEME_KNOB, PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.runmeta import RunMeta
 from autotune.search.driver import Driver, search_with_seeds, seeded_space
@@ -195,7 +195,7 @@ def export_ranked(
         "free_knobs": meta.free_knobs,
         "wall_s": float(meta.wall_s),
         "machine": (store.get_meta(KEY_META, {}) or {}).get("machine"),
-        "int8_arithmetic": evaluator.int8_arithmetic(),
+        "int8_arithmetic": _int8_arithmetic(evaluator, chosen.plan),
         "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
         **summary_fields(store),
     }
@@ -397,6 +397,17 @@ def _search_and_confirm(
     winner = store.confirmations()[summary["plan_hash"]].plan
     monitor.text("winner", _winner_markdown(summary, space, winner))
     return summary
+
+
+def _int8_arithmetic(evaluator: Evaluator, winner: Plan) -> dict[str, Any] | None:
+    """The backend's INT8 scheme and probe (``Evaluator.int8_arithmetic``), and the scheme the winner was built with.
+
+    Where a config searches ``int8_scheme`` the winner may run another exact scheme than the default.
+    """
+    arithmetic = evaluator.int8_arithmetic()
+    if arithmetic is None:
+        return None
+    return {**arithmetic, "winner_scheme": winner.knob(INT8_SCHEME_KNOB, arithmetic["scheme"])}
 
 
 def _winner_markdown(summary: dict[str, Any], space: SearchSpace, winner: Plan) -> str:

@@ -88,6 +88,7 @@ def test_report_names_the_cpu_its_int8_isa_and_the_int8_scheme_that_ran(finished
     scheme = data.summary["int8_arithmetic"]
     weight_max = int8_recipe().weight_max
     assert scheme["weight_range"] == [-weight_max, weight_max] and set(scheme["verdicts"]) == {"u8s8", "u8u8", "u8s7"}
+    assert scheme["winner_scheme"] == scheme["scheme"]  # the run did not search int8_scheme: the default ran
     text = report([finished_run.run_dir])["report"].read_text()
     assert f"INT8 ISA features: {', '.join(isa_features())}" in text
     assert f"- INT8 scheme: {scheme['scheme']} (weights in [-{weight_max}, {weight_max}]); kernel probe: u8s8: " in text
@@ -118,3 +119,12 @@ def test_the_one_liners_table_gets_the_back_to_back_timing_where_the_backend_has
     assert lines[6] == "| torch-bf16 | 1.600 | 0.00000 | yes | 1.250 | 6.200 | 5.000 | 1.250 |"
     one_timing = _reference_lines(data, TrialResult(plan=winner.plan, speedup=2.0, accuracy_drop=0.001))
     assert "back to back" not in "\n".join(one_timing)  # no second timer: the table as before
+
+
+def test_the_report_names_the_winners_int8_scheme_where_it_is_not_the_default():
+    from autotune.report import _machine_lines
+
+    arithmetic = {"scheme": "u8s8", "weight_range": [-127, 127], "verdicts": {"u8s8": "u8s8: exact"}}
+    assert not any("winner's" in line for line in _machine_lines({"int8_arithmetic": arithmetic}))
+    searched = {"int8_arithmetic": {**arithmetic, "winner_scheme": "u8s7"}}
+    assert _machine_lines(searched)[-1] == "- the winner's INT8 scheme: u8s7 (`int8_scheme` searched)"

@@ -26,7 +26,7 @@ from autotune.backends.int8_kernels import (
 from autotune.capabilities import Capabilities, Knob
 from autotune.files import write_json
 from autotune.optypes import TUNABLE_OP_TYPES
-from autotune.plan import KnobValue, Plan
+from autotune.plan import INT8_SCHEME_KNOB, KnobValue, Plan
 from autotune.quant.recipe import ORT_X86, QuantRecipe
 
 if TYPE_CHECKING:
@@ -71,12 +71,11 @@ CPU's U8S8 kernels compute them exactly (VNNI, AMX); else uint8 weights on the s
 on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pairs then fit int16)."""
 
 
-INT8_SCHEME_KNOB = "int8_scheme"
-"""The knob that picks a plan's INT8 scheme among those this CPU computes exactly (``INT8_SCHEMES`` order, the
-first exact one the default). Where several are exact they differ in speed, not in what they compute correctly:
-u8s8 and u8u8 give the same numbers on different kernels, u8s7 halves the weight resolution. Searched where a
-config names it (``search.knobs.int8_scheme: [u8s8, u8u8, u8s7]``); elsewhere plans leave it unset and build
-with the default."""
+# INT8_SCHEME_KNOB (in autotune.plan, where the search's accuracy knobs read it) picks a plan's INT8 scheme among
+# those this CPU computes exactly (INT8_SCHEMES order, the first exact one the default). Where several are exact
+# they differ in speed, not in what they compute correctly: u8s8 and u8u8 give the same numbers on different
+# kernels, u8s7 halves the weight resolution. Searched where a config names it (search.knobs.int8_scheme:
+# [u8s8, u8u8, u8s7]); elsewhere plans leave it unset and build with the default.
 
 
 def _probe_session(model: onnx.ModelProto) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
+from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, INT8_SCHEME_KNOB, Plan
 from autotune.search.prior import LayerPrior, PriorInputs, layer_prior
 from autotune.trial import TrialResult
 
@@ -279,7 +279,7 @@ def _setting_prior(
     return {("layer", name, "int8"): float(v) for name, v in zip(layer_names, drop, strict=True)}
 
 
-ACCURACY_KNOBS = (CALIBRATION_KNOB, GRANULARITY_KNOB)
+ACCURACY_KNOBS = (CALIBRATION_KNOB, GRANULARITY_KNOB, INT8_SCHEME_KNOB)
 """Knobs that change a plan's numbers: per-layer drops add up only within one setting of them."""
 
 

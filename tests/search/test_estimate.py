@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from autotune.plan import Plan
+from autotune.plan import INT8_SCHEME_KNOB, Plan
 from autotune.search.episode import decisions, observe
-from autotune.search.estimate import MIN_TRIALS, fit_additive, fit_surrogate
+from autotune.search.estimate import ACCURACY_KNOBS, MIN_TRIALS, fit_additive, fit_surrogate
 from autotune.testing import tiny_space
 from autotune.trial import TrialResult
 
@@ -133,3 +133,23 @@ def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
     assert any(fit is not None for fit in fits)
     rehearsed = model.num_timesteps - 24 * episode_length
     assert rehearsed >= 16 * episode_length  # at least one rehearsal ran, and it built nothing
+
+
+def test_each_int8_scheme_gets_its_own_drop_terms_as_it_changes_the_numbers():
+    """u8s7 halves the weight resolution: pooled with u8s8, its drops would be read as u8s8's and the other's."""
+    rng = np.random.default_rng(3)
+    drop = {"u8s8": 0.001, "u8s7": 0.004}
+    trials = []
+    for _ in range(60):
+        scheme = str(rng.choice(list(drop)))
+        quantized = [n for n in NAMES if rng.random() < 0.5]
+        plan = Plan.make({n: "int8" if n in quantized else "fp32" for n in NAMES}, {INT8_SCHEME_KNOB: scheme})
+        trials.append(
+            TrialResult(plan=plan, speedup=1.0 + 0.1 * len(quantized), accuracy_drop=drop[scheme] * len(quantized))
+        )
+    model = fit_surrogate(trials, {INT8_SCHEME_KNOB: "u8s8"}, accuracy_knobs=ACCURACY_KNOBS, ridge=1e-6)
+    assert {setting[ACCURACY_KNOBS.index(INT8_SCHEME_KNOB)] for setting in model.drops} == {"u8s8", "u8s7"}
+    every = {n: "int8" for n in NAMES}
+    for scheme, per_layer in drop.items():
+        lost = model.predict(Plan.make(every, {INT8_SCHEME_KNOB: scheme}))[1]
+        assert lost == pytest.approx(per_layer * len(NAMES), rel=1e-3)
