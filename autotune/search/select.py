@@ -55,8 +55,9 @@ def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -
     35 finalists of seven MiniLM runs the mean of the two logs ranked the plans as their confirmation did better
     than either: confirmed by the runs themselves, correlation 0.74 against 0.70 for either alone; confirmed again
     on another machine, 0.75 against 0.64 for the measurement and 0.71 for the model, and the closest (mean |log
-    error| 0.086, against 0.094 and 0.097). ``bench/ranking_check.py`` computes these from the stores
-    (``bench/results/minilm-cpu-priors``; the commands are in docs/benchmarks.md).
+    error| 0.086, against 0.094 and 0.097). ``bench/ranking_check.py`` computes these from the runs'
+    stores (no longer committed: ``bench/results/README.md`` says how to get them back; the commands are in
+    docs/benchmarks.md).
 
     Args:
         results: Measured trials.
