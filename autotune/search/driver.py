@@ -127,7 +127,7 @@ class Driver:
         return 0 if self.out_of_time else max(0, self.budget - self.harness.builds)
 
     def exhausted(self) -> bool:
-        """The budget is spent, or the plans of the last ``stall`` tries were all measured already."""
+        """The budget or its time is spent, or the plans of the last ``stall`` tries were all measured already."""
         return self.left == 0 or self.stalled >= self.stall
 
     def build(self, plans: list[Plan]) -> list[TrialResult]:
