@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -385,6 +386,12 @@ def _search_and_confirm(
     try:
         driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)
         fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
+        if driver.out_of_time:
+            print(
+                f"autotune: note: the search stopped at budget.minutes={config.budget.minutes:g} after "
+                f"{driver.builds} of {config.budget.builds} builds; the finalists are confirmed now",
+                file=sys.stderr,
+            )
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
         RunMeta.write(store, wall_s=wall_before + time.time() - started)
     RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)

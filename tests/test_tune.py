@@ -564,3 +564,11 @@ def test_resume_on_another_machine_is_refused_in_one_line_naming_what_differs(tm
         assert len(store) == trials  # nothing measured on this machine went into the run
         store.set_meta(KEY_META, key)
     tune(resume_dir=config.run_dir, isolate=False, progress=False)  # where it ran, it resumes
+
+
+def test_a_search_out_of_minutes_says_so_and_still_confirms_a_winner(tmp_path, capsys):
+    config = tiny_config(tmp_path, budget={"builds": 10, "minutes": 1e-6})  # past before the second build
+    summary = tune(config, strategy="greedy", isolate=False, progress=False)
+    assert summary["builds"] < 10 and summary["winner"]["split"] == "holdout"
+    line = f"the search stopped at budget.minutes=1e-06 after {summary['builds']} of 10 builds"
+    assert line in capsys.readouterr().err
