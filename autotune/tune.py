@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from autotune.harness.selfcheck import (
     check_search_timing,
     confirmation_noise,
     confirmation_rounds,
+    say,
     summary_fields,
     with_measured_noise,
 )
@@ -387,10 +387,9 @@ def _search_and_confirm(
         driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)
         fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
         if driver.out_of_time:
-            print(
-                f"autotune: note: the search stopped at budget.minutes={config.budget.minutes:g} after "
-                f"{driver.builds} of {config.budget.builds} builds; the finalists are confirmed now",
-                file=sys.stderr,
+            say(
+                f"the search stopped at budget.minutes={config.budget.minutes:g} after {driver.builds} of "
+                f"{config.budget.builds} builds; the finalists are confirmed now"
             )
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
         RunMeta.write(store, wall_s=wall_before + time.time() - started)

@@ -41,7 +41,8 @@ def note(check: SelfCheck, where: str, consequence: str) -> str:
     return f"timing self-check ({where}): {check.describe()}; {consequence}"
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
+    """Prints one ``autotune: note:`` line on stderr: what a run tells its user while it goes on."""
     print(f"autotune: note: {line}", file=sys.stderr)
 
 
@@ -66,7 +67,7 @@ def check_search_timing(evaluator: Evaluator, store: TrialStore, fp32: Plan) -> 
     if not check.within_band:
         rounds = WIDENING * evaluator.config.confirm.rounds
         consequence = f"ratios closer than {check.noise:.1%} are ties; the confirmation times {rounds} rounds"
-        _say(note(check, "search", consequence))
+        say(note(check, "search", consequence))
     return check
 
 
@@ -119,16 +120,16 @@ def check_confirmation_timing(
     if check.within_band or used >= WIDENING * config.confirm.rounds:
         _store(store, confirmation=check.to_dict(), widened_rounds=rounds)
         if not check.within_band:
-            _say(note(check, "confirmation", f"finalists closer than {check.noise:.1%} are ties"))
+            say(note(check, "confirmation", f"finalists closer than {check.noise:.1%} are ties"))
         return confirmed
     wider = WIDENING * config.confirm.rounds
-    _say(note(check, "confirmation", f"the finalists are confirmed again in {wider} rounds"))
+    say(note(check, "confirmation", f"the finalists are confirmed again in {wider} rounds"))
     results = evaluator.confirm_side_by_side([*(r.plan for r in confirmed), *one_liners], rounds=wider)
     again = next((r for r in results if r.plan_hash == fp32.hash), None)
     if again is not None and again.ok and again.speedup:
         check = SelfCheck.of(again.speedup, again.round_speedups)
         if not check.within_band:
-            _say(note(check, "confirmation, widened", f"finalists closer than {check.noise:.1%} are ties"))
+            say(note(check, "confirmation, widened", f"finalists closer than {check.noise:.1%} are ties"))
     _store(store, confirmation=check.to_dict(), widened_rounds=wider)
     return results[: len(confirmed)]
 
