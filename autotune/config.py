@@ -269,10 +269,17 @@ class MeasureConfig(_Strict):
     """Untimed runs after every switch between sessions (the first run after a switch is 1.5x slower)."""
     repeats: int = Field(5, ge=1)
     rounds: int = Field(4, ge=1)
-    """Four short rounds rather than two long ones, at the same number of runs: the speedup is the median of the
-    rounds' ratios, and a spell of the machine that changes speed mid-round spoils one of four. On 2 cores of an
-    Intel Xeon, ten runs of ``autotune evaluate configs/cnn-cpu.yaml --plan fp32 --plan int8 --plan fp32`` read
-    FP32 at 0.87-1.37x of itself with 2 x 10 and at 0.98-1.03x with 4 x 5 (docs/benchmarks.md, "Timing")."""
+    """Quiet rounds per measurement: the speedup is the median of their ratios (``autotune.measure``)."""
+    quiet_band: float | None = Field(0.05, gt=0)
+    """A round counts when its FP32 reference ran within this fraction of the fastest reference round the trial
+    process has timed: in a slow spell of the machine (another tenant on the host's cores) INT8 slows more than
+    FP32, so the ratio itself moves. None: every round counts."""
+    settle_s: float = Field(5.0, ge=0)
+    """Seconds the trial process times before it trusts its fastest reference round as the machine's quiet pace;
+    the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long."""
+    max_rounds: int | None = Field(None, ge=1)
+    """Rounds after which a measurement stops although fewer than ``rounds`` were quiet (then the rounds of the
+    fastest reference count). None: four times ``rounds``."""
 
 
 class RewardConfig(_Strict):

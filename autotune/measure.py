@@ -3,10 +3,18 @@
 One candidate against the reference, the reference first in every round (``interleaved``), or any number of
 candidates in the same rounds, the order rotating (``side_by_side``: every trial, with its one plan; a run's
 finalists; the plans ``autotune evaluate`` compares).
+
+Only quiet rounds count. On a shared 2-vCPU VM the host takes a core for spells of 0.1 s to 9 s; in such a spell a
+two-thread ONNX Runtime session of the 3 ms CNN runs FP32 12 % slower and INT8 45 % slower, so the ratio itself
+moves (1.9x quiet, 1.5x in a spell) and no interleaving cancels it. The reference's pace tells the spells apart:
+a round counts when its reference ran within ``quiet_band`` of the fastest reference round this process has timed
+(``ReferencePace``), the measurement goes on until ``rounds`` such rounds are in, and the process first times for
+``settle_s`` seconds, long enough to have seen the machine quiet.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -21,16 +29,72 @@ class Protocol:
     Attributes:
         warmup: Untimed runs after every switch between candidate and reference.
         repeats: Timed runs per round and side.
-        rounds: Alternations (reference, candidate) per measurement.
+        rounds: Quiet rounds (reference, candidate) per measurement; with ``quiet_band`` None, rounds.
+        quiet_band: A round counts when its reference median is within this fraction of the fastest reference
+            round of the process (``ReferencePace``); None: every round counts.
+        settle_s: Wall seconds the process times before its fastest reference round is trusted as the machine's
+            quiet pace: the first measurement of a process times at least this long.
+        max_rounds: Rounds after which a measurement that has settled stops with fewer quiet rounds than
+            ``rounds`` (then the rounds of the fastest reference count); None: four times ``rounds``.
     """
 
     warmup: int = 2
     repeats: int = 5
     rounds: int = 4
+    quiet_band: float | None = 0.05
+    settle_s: float = 5.0
+    max_rounds: int | None = None
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
         return asdict(self)
+
+    @property
+    def round_limit(self) -> int:
+        """The rounds after which a settled measurement stops, quiet or not."""
+        return max(self.rounds, self.max_rounds if self.max_rounds is not None else 4 * self.rounds)
+
+
+SETTLE_ROUNDS = 1000
+"""Rounds after which a process has settled however short they were: a model that runs in microseconds would take
+hundreds of thousands of rounds to fill ``settle_s``."""
+
+
+class ReferencePace:
+    """How fast the reference has run in this process: its fastest round, and how long the process has timed.
+
+    One per process (``TrialRunner``), shared by its measurements, so a trial timed during a slow spell of the
+    machine knows that the spell is one: its reference rounds are slower than the fastest this process has seen.
+
+    Args:
+        clock: Seconds of wall time; injectable for tests.
+
+    Attributes:
+        fastest_ms: The fastest reference round median so far.
+        timed_s: Wall seconds of rounds timed so far.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.fastest_ms = math.inf
+        self.timed_s = 0.0
+        self.rounds = 0
+
+    def add(self, reference_round_ms: float, round_s: float) -> None:
+        """Records one round: its reference median and the wall seconds it took."""
+        self.fastest_ms = min(self.fastest_ms, reference_round_ms)
+        self.timed_s += round_s
+        self.rounds += 1
+
+    def settled(self, settle_s: float) -> bool:
+        """The process has timed ``settle_s`` seconds, or ``SETTLE_ROUNDS`` rounds of a model of microseconds."""
+        return self.timed_s >= settle_s or self.rounds >= SETTLE_ROUNDS
+
+    def quiet(self, reference_rounds_ms: Sequence[float], band: float | None) -> list[int]:
+        """The indices of the rounds whose reference ran within ``band`` of the fastest (all with None)."""
+        if band is None:
+            return list(range(len(reference_rounds_ms)))
+        return [i for i, ms in enumerate(reference_rounds_ms) if ms <= self.fastest_ms * (1.0 + band)]
 
 
 @dataclass(frozen=True)
@@ -90,6 +154,7 @@ def interleaved(
     protocol: Protocol,
     clock: Callable[[], float] = time.perf_counter,
     self_timed: bool = False,
+    pace: ReferencePace | None = None,
 ) -> Latency:
     """Times the candidate and the reference alternately, so machine drift hits both alike.
 
@@ -99,11 +164,12 @@ def interleaved(
         protocol: Warm-up, repeats and rounds.
         clock: Seconds; injectable for tests.
         self_timed: The runners return their own elapsed milliseconds (e.g. GPU events) and ``clock`` is unused.
+        pace: The process's reference pace; None: a fresh one (the measurement settles on its own).
 
     Returns:
-        Medians and IQRs of both sides.
+        Medians and IQRs of both sides, over the quiet rounds.
     """
-    return _rounds([reference, candidate], lambda _: [0, 1], protocol, clock, self_timed)[0]
+    return _rounds([reference, candidate], lambda _: [0, 1], protocol, clock, self_timed, pace)[0]
 
 
 def side_by_side(
@@ -112,6 +178,7 @@ def side_by_side(
     protocol: Protocol,
     clock: Callable[[], float] = time.perf_counter,
     self_timed: bool = False,
+    pace: ReferencePace | None = None,
 ) -> list[Latency]:
     """Times several candidates and the reference in turn within every round, the order rotating each round.
 
@@ -128,13 +195,18 @@ def side_by_side(
         protocol: Warm-up (after every switch), repeats and rounds.
         clock: Seconds; injectable for tests.
         self_timed: The runners return their own elapsed milliseconds and ``clock`` is unused.
+        pace: The process's reference pace; None: a fresh one (the measurement settles on its own).
 
     Returns:
-        One ``Latency`` per candidate, in order, each against the reference of the same rounds.
+        One ``Latency`` per candidate, in order, each against the reference of the same (quiet) rounds.
     """
     runners = [reference, *candidates]
     count = len(runners)
-    return _rounds(runners, lambda r: [(r + k) % count for k in range(count)], protocol, clock, self_timed)
+
+    def rotated(index: int) -> list[int]:
+        return [(index + k) % count for k in range(count)]
+
+    return _rounds(runners, rotated, protocol, clock, self_timed, pace)
 
 
 def _rounds(
@@ -143,22 +215,52 @@ def _rounds(
     protocol: Protocol,
     clock: Callable[[], float],
     self_timed: bool,
+    pace: ReferencePace | None,
 ) -> list[Latency]:
-    """Times ``runners`` (the reference first) round by round in ``order(round)``; a Latency per candidate."""
-    samples: list[list[float]] = [[] for _ in runners]
-    round_medians: list[list[float]] = [[] for _ in runners]
-    for index in range(protocol.rounds):
-        for runner in order(index):
-            timed = _timed(runners[runner], protocol, clock, self_timed)
-            samples[runner] += timed
-            round_medians[runner].append(float(np.median(timed)))
-    reference_median, reference_iqr = _stats(samples[0])
+    """Times ``runners`` (the reference first) round by round in ``order(round)`` until enough rounds are quiet.
+
+    Returns:
+        A Latency per candidate, over the rounds that count (``_counted``), in the order they were timed.
+    """
+    pace = pace if pace is not None else ReferencePace()
+    blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed runs
+    reference_rounds: list[float] = []  # per round, the reference's median
+    while True:
+        started = pace.clock()
+        for runner in order(len(reference_rounds)):
+            blocks[runner].append(_timed(runners[runner], protocol, clock, self_timed))
+        reference_rounds.append(float(np.median(blocks[0][-1])))
+        pace.add(reference_rounds[-1], pace.clock() - started)
+        counted = _counted(reference_rounds, protocol, pace)
+        if counted is not None:
+            break
+    reference = [blocks[0][i] for i in counted]
+    reference_median, reference_iqr = _stats([ms for block in reference for ms in block])
     latencies = []
     for runner in range(1, len(runners)):
-        median, iqr = _stats(samples[runner])
-        ratios = tuple(r / c for r, c in zip(round_medians[0], round_medians[runner], strict=True))
+        candidate = [blocks[runner][i] for i in counted]
+        median, iqr = _stats([ms for block in candidate for ms in block])
+        ratios = tuple(float(np.median(r) / np.median(c)) for r, c in zip(reference, candidate, strict=True))
         latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios))
     return latencies
+
+
+def _counted(reference_rounds_ms: list[float], protocol: Protocol, pace: ReferencePace) -> list[int] | None:
+    """The rounds that count once the measurement may stop, or None while it goes on.
+
+    It stops once ``protocol.rounds`` rounds are quiet and the process has settled; at ``round_limit`` (settled)
+    with fewer, the ``protocol.rounds`` rounds of the fastest reference count: the machine was in a long spell.
+    """
+    timed = len(reference_rounds_ms)
+    if timed < protocol.rounds or not pace.settled(protocol.settle_s):
+        return None
+    quiet = pace.quiet(reference_rounds_ms, protocol.quiet_band)
+    if len(quiet) >= protocol.rounds:
+        return quiet
+    if timed < protocol.round_limit:
+        return None
+    fastest = sorted(range(timed), key=lambda i: reference_rounds_ms[i])[: protocol.rounds]
+    return sorted(fastest)
 
 
 def compare_rounds(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, int] | None:

@@ -246,7 +246,7 @@ def run_config(
     from autotune.api import analyze, resolve_plan
     from autotune.config import load_config
     from autotune.harness import Evaluator
-    from autotune.measure import Protocol
+    from autotune.harness.runner import confirmation_protocol
     from autotune.store import TrialStore
 
     rows = results["rows"]
@@ -276,7 +276,7 @@ def run_config(
         log(f"{name}: setup failed: {_first_line(str(error))}", started)
         fail_all(ERROR, f"setup: {type(error).__name__}: {error}\n{traceback.format_exc()}")
         return
-    protocol = Protocol(warmup=config.measure.warmup, repeats=config.confirm.repeats, rounds=config.confirm.rounds)
+    protocol = confirmation_protocol(config)
     results["configs"][name] = {
         "path": str(config_path),
         "layers": len(model.layers),

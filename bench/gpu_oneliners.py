@@ -161,14 +161,13 @@ class Bench:
 
     def __init__(self, config: Any, results: dict[str, Any], out: Path):
         from autotune.harness import TrialRunner
-        from autotune.measure import Protocol
+        from autotune.harness.runner import confirmation_protocol
 
         self.config, self.results, self.out = config, results, out
         self.runner = TrialRunner(config)
         self.backend = self.runner.backend
-        self.protocol = Protocol(
-            warmup=config.measure.warmup, repeats=config.confirm.repeats, rounds=config.confirm.rounds
-        )
+        self.protocol = confirmation_protocol(config)
+        self.paces: dict[str, Any] = {}  # each one-liner's pace as the reference of its head-to-heads
         self.artifacts: dict[str, Any] = {}
         self.plans: dict[str, Any] = {}
         self.rows: dict[str, dict[str, Any]] = {}
@@ -196,6 +195,7 @@ class Bench:
                 lambda: self.backend.time_run(runner.reference, feeds),
                 self.protocol,
                 self_timed=True,
+                pace=runner.pace,
             )
             drop = runner.reference_accuracy[split] - accuracy
             row.update(
@@ -232,7 +232,9 @@ class Bench:
                 host overhead included). N > 0: N launches back to back per timing, divided by N (the host runs
                 ahead of the GPU, so per-call host overhead hides behind the previous call's kernels).
         """
-        from autotune.measure import Protocol, interleaved
+        from dataclasses import replace
+
+        from autotune.measure import ReferencePace, interleaved
 
         match: dict[str, Any] = {"config": self.config.name, "ours": ours, "oneliner": oneliner, "note": note}
         match["timing"] = f"pipelined x{pipelined}" if pipelined else "one launch"
@@ -241,12 +243,14 @@ class Bench:
             theirs = self.artifacts[oneliner]
             feeds = self.runner.datasets["holdout"].batches[0]
             if pipelined:
-                protocol = Protocol(warmup=2, repeats=max(5, self.protocol.repeats // 5), rounds=self.protocol.rounds)
+                protocol = replace(self.protocol, warmup=2, repeats=max(5, self.protocol.repeats // 5))
+                pace = self.paces.setdefault(f"{oneliner} x{pipelined}", ReferencePace())
                 latency = interleaved(
                     lambda: self.pipelined(mine, feeds, pipelined),
                     lambda: self.pipelined(theirs, feeds, pipelined),
                     protocol,
                     self_timed=True,
+                    pace=pace,
                 )
             else:
                 latency = interleaved(
@@ -254,6 +258,7 @@ class Bench:
                     lambda: self.backend.time_run(theirs, feeds),
                     self.protocol,
                     self_timed=True,
+                    pace=self.paces.setdefault(oneliner, ReferencePace()),
                 )
             match.update(
                 ours_ms=latency.median_ms,

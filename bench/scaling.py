@@ -45,7 +45,7 @@ from autotune.config import TuneConfig, load_config
 from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.executor import make_pool
-from autotune.measure import Protocol
+from autotune.harness.runner import confirmation_protocol
 from autotune.plan import Plan
 from autotune.search.episode import decisions, plan_from_actions
 from autotune.store import TrialStore
@@ -131,7 +131,7 @@ def reevaluate(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """
     config = worker_config(args.config, 1, args.cores_per_worker, args.budget, args.out, [*args.set, "name=reeval"])
     config = config.model_copy(update={"execution": config.execution.model_copy(update={"backend": "local"})})
-    protocol = Protocol(warmup=config.measure.warmup, repeats=config.confirm.repeats, rounds=config.confirm.rounds)
+    protocol = confirmation_protocol(config)
     with TrialStore(args.out / "reevaluate.sqlite") as store, Evaluator(config, store) as evaluator:
         rows = list(results["scaling"].values())
         plans = [Plan.from_dict(json.loads((Path(row["run_dir"]) / "best" / "plan.json").read_text())) for row in rows]

@@ -6,6 +6,9 @@ import pytest
 
 from autotune.measure import Latency, Protocol, interleaved
 
+EVERY_ROUND = {"quiet_band": None, "settle_s": 0.0}
+"""The protocol without quiet rounds: every round counts, the process needs no settling."""
+
 WARMUP_S = 1000.0  # warm-up runs take so long that timing one would wreck every statistic
 
 
@@ -52,14 +55,14 @@ def _measure(protocol: Protocol, reference_ms: list[float], candidate_ms: list[f
 
 
 def test_call_order_reference_then_candidate_each_round():
-    protocol = Protocol(warmup=2, repeats=3, rounds=3)
+    protocol = Protocol(warmup=2, repeats=3, rounds=3, **EVERY_ROUND)
     _, log, _ = _measure(protocol, [1.0] * 9, [1.0] * 9)
     block = protocol.warmup + protocol.repeats
     assert log == (["ref"] * block + ["cand"] * block) * protocol.rounds
 
 
 def test_warmup_not_timed_and_clock_calls():
-    protocol = Protocol(warmup=3, repeats=4, rounds=2)
+    protocol = Protocol(warmup=3, repeats=4, rounds=2, **EVERY_ROUND)
     latency, _, time = _measure(protocol, [2.0] * 8, [1.0] * 8)
     assert latency.median_ms == pytest.approx(1.0)
     assert latency.reference_median_ms == pytest.approx(2.0)
@@ -69,7 +72,7 @@ def test_warmup_not_timed_and_clock_calls():
 
 
 def test_medians_and_iqr_from_known_durations():
-    protocol = Protocol(warmup=1, repeats=3, rounds=2)
+    protocol = Protocol(warmup=1, repeats=3, rounds=2, **EVERY_ROUND)
     # reference samples 10..60: median 35, q1 22.5, q3 47.5 (linear interpolation) -> IQR 25
     # candidate samples 1,2,3 | 4,5,100: median 3.5, q1 2.25, q3 4.75 -> IQR 2.5
     latency, _, _ = _measure(protocol, [10, 20, 30, 40, 50, 60], [1, 2, 3, 4, 5, 100])
@@ -81,7 +84,7 @@ def test_medians_and_iqr_from_known_durations():
 
 
 def test_unsorted_odd_samples():
-    protocol = Protocol(warmup=2, repeats=5, rounds=1)
+    protocol = Protocol(warmup=2, repeats=5, rounds=1, **EVERY_ROUND)
     # candidate 9,1,5,3,7 -> sorted 1,3,5,7,9: median 5, q1 3, q3 7 -> IQR 4
     latency, _, _ = _measure(protocol, [8, 8, 8, 8, 8], [9, 1, 5, 3, 7])
     assert latency.median_ms == pytest.approx(5.0)
@@ -91,7 +94,7 @@ def test_unsorted_odd_samples():
 
 
 def test_results_in_milliseconds():
-    protocol = Protocol(warmup=1, repeats=1, rounds=1)
+    protocol = Protocol(warmup=1, repeats=1, rounds=1, **EVERY_ROUND)
     latency, _, _ = _measure(protocol, [250.0], [125.0])
     assert latency.reference_median_ms == pytest.approx(250.0)
     assert latency.median_ms == pytest.approx(125.0)
@@ -99,7 +102,7 @@ def test_results_in_milliseconds():
 
 
 def test_slower_candidate_speedup_below_one():
-    protocol = Protocol(warmup=1, repeats=2, rounds=1)
+    protocol = Protocol(warmup=1, repeats=2, rounds=1, **EVERY_ROUND)
     latency, _, _ = _measure(protocol, [4.0, 4.0], [8.0, 8.0])
     assert latency.speedup == pytest.approx(0.5)
 
@@ -109,20 +112,19 @@ def test_speedup_property():
 
 
 def test_protocol_to_dict_and_defaults():
-    assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4}
-    assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3}
+    defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None}
+    assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
+    assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
 
 def test_real_clock_default():
     calls = []
-    latency = interleaved(lambda: calls.append("c"), lambda: calls.append("r"), Protocol(1, 2, 1))
+    latency = interleaved(lambda: calls.append("c"), lambda: calls.append("r"), Protocol(1, 2, 1, **EVERY_ROUND))
     assert calls == ["r"] * 3 + ["c"] * 3
     assert latency.median_ms >= 0 and latency.reference_median_ms >= 0
 
 
 def test_speedup_is_the_median_of_per_round_ratios_so_a_slow_spell_cancels():
-    from autotune.measure import Protocol, interleaved
-
     # blocks in call order: ref1, cand1, ref2, cand2, ref3, cand3; the machine turns 3x slower from cand2 on.
     # The candidate is always 2x faster: round ratios are 2, 2/3, 2. Pooled medians would say 0.67x.
     slowdown = iter([1, 1, 1, 3, 3, 3])
@@ -130,7 +132,9 @@ def test_speedup_is_the_median_of_per_round_ratios_so_a_slow_spell_cancels():
     def runner(base_ms):
         return lambda: base_ms * next(slowdown)
 
-    latency = interleaved(runner(1.0), runner(2.0), Protocol(warmup=0, repeats=1, rounds=3), self_timed=True)
+    latency = interleaved(
+        runner(1.0), runner(2.0), Protocol(warmup=0, repeats=1, rounds=3, **EVERY_ROUND), self_timed=True
+    )
     assert latency.round_speedups == pytest.approx((2.0, 2 / 3, 2.0))
     assert latency.speedup == pytest.approx(2.0)
     assert latency.reference_median_ms / latency.median_ms == pytest.approx(2 / 3)
@@ -144,7 +148,7 @@ def test_side_by_side_rotates_the_order_so_every_runner_takes_every_place():
     def runner(name: str):
         return lambda: log.append(name) or 1.0
 
-    protocol = Protocol(warmup=1, repeats=2, rounds=3)
+    protocol = Protocol(warmup=1, repeats=2, rounds=3, **EVERY_ROUND)
     side_by_side([runner("a"), runner("b")], runner("ref"), protocol, self_timed=True)
     block = protocol.warmup + protocol.repeats
     rounds = [log[i : i + 3 * block : block] for i in range(0, len(log), 3 * block)]
@@ -168,7 +172,7 @@ def test_side_by_side_compares_candidates_within_each_round_so_drift_between_rou
         return run
 
     fast, slow = side_by_side(
-        [runner(1.0), runner(2.0)], runner(4.0), Protocol(warmup=0, repeats=1, rounds=3), self_timed=True
+        [runner(1.0), runner(2.0)], runner(4.0), Protocol(warmup=0, repeats=1, rounds=3, **EVERY_ROUND), self_timed=True
     )
     assert fast.round_speedups == pytest.approx((4.0, 4.0, 4.0))
     assert slow.round_speedups == pytest.approx((2.0, 2.0, 2.0))
@@ -179,7 +183,7 @@ def test_side_by_side_compares_candidates_within_each_round_so_drift_between_rou
 def test_side_by_side_of_one_candidate_measures_what_interleaved_measures():
     from autotune.measure import side_by_side
 
-    protocol = Protocol(warmup=0, repeats=3, rounds=4)
+    protocol = Protocol(warmup=0, repeats=3, rounds=4, **EVERY_ROUND)
 
     def runner(ms: float):
         return lambda: ms
@@ -222,3 +226,106 @@ def test_speedups_closer_than_the_noise_tie_with_the_fastest():
     assert ties_within([1.50, 1.49, 1.40, 1.51], 0.02) == [0, 1, 3]
     assert ties_within([1.50, 1.49, 1.40, 1.51], 0.0) == [3]
     assert ties_within([], 0.1) == []
+
+
+def _spell_runner(quiet_ms: float, spell_ms: float, in_spell):
+    """A self-timed runner: ``spell_ms`` while ``in_spell()`` says the machine is in a slow spell."""
+    return lambda: spell_ms if in_spell() else quiet_ms
+
+
+def test_rounds_in_a_slow_spell_do_not_count_and_the_measurement_goes_on_until_enough_are_quiet():
+    from autotune.measure import ReferencePace
+
+    # Rounds 1-3 fall in a spell: FP32 1.2x slower, INT8 1.5x slower (the ratio itself moves: 2.0 -> 1.6).
+    rounds_timed = {"n": 0}
+
+    def in_spell() -> bool:
+        return 1 <= rounds_timed["n"] // 2 <= 3  # two blocks (reference, candidate) per round
+
+    def counting(runner):
+        def run() -> float:
+            ms = runner()
+            rounds_timed["n"] += 1
+            return ms
+
+        return run
+
+    reference = counting(_spell_runner(2.0, 2.4, in_spell))
+    candidate = counting(_spell_runner(1.0, 1.5, in_spell))
+    pace = ReferencePace()
+    latency = interleaved(
+        candidate, reference, Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0), self_timed=True, pace=pace
+    )
+    assert latency.round_speedups == pytest.approx((2.0, 2.0, 2.0))  # rounds 0, 4, 5: the spell left out
+    assert rounds_timed["n"] == 2 * 6  # three quiet rounds needed six
+    assert latency.reference_median_ms == pytest.approx(2.0)
+    assert pace.fastest_ms == pytest.approx(2.0)
+
+
+def test_every_round_counts_without_a_band():
+    spell = iter([False, True, True])
+    flags = {"now": False}
+
+    def advance() -> bool:
+        return flags["now"]
+
+    def reference() -> float:
+        flags["now"] = next(spell)
+        return 2.4 if flags["now"] else 2.0
+
+    candidate = _spell_runner(1.0, 1.5, advance)
+    protocol = Protocol(warmup=0, repeats=1, rounds=3, **EVERY_ROUND)
+    latency = interleaved(candidate, reference, protocol, self_timed=True)
+    assert latency.round_speedups == pytest.approx((2.0, 1.6, 1.6))  # the old protocol: the spell's rounds count
+
+
+def test_a_fresh_process_times_until_it_has_settled_then_trusts_its_fastest_round():
+    from autotune.measure import ReferencePace
+
+    calls = {"reference": 0}
+    wall = FakeTime()
+
+    def reference() -> float:
+        calls["reference"] += 1
+        wall.now += 0.010
+        return 10.0
+
+    def candidate() -> float:
+        wall.now += 0.005
+        return 5.0
+
+    pace = ReferencePace(clock=wall.clock)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.2)
+    interleaved(candidate, reference, protocol, self_timed=True, pace=pace)
+    assert calls["reference"] == 14  # 15 ms a round: 0.2 s takes 14 rounds, not 2
+    assert pace.timed_s == pytest.approx(0.21)
+    interleaved(candidate, reference, protocol, self_timed=True, pace=pace)
+    assert calls["reference"] == 16  # settled: the next measurement times its 2 rounds
+
+
+def test_a_measurement_all_in_a_spell_stops_at_its_round_limit_on_the_fastest_reference_rounds():
+    from autotune.measure import ReferencePace
+
+    pace = ReferencePace()
+    pace.add(2.0, 10.0)  # the process saw the machine quiet, and has settled
+    reference_ms = iter([3.0, 2.6, 2.9, 2.5, 3.1, 2.8, 9.9])
+    calls = {"count": 0}
+
+    def reference() -> float:
+        calls["count"] += 1
+        return next(reference_ms)
+
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, max_rounds=6)
+    latency = interleaved(lambda: 1.0, reference, protocol, self_timed=True, pace=pace)
+    assert calls["count"] == 6  # no round within 5 % of 2.0 ms: stopped at max_rounds
+    assert latency.round_speedups == pytest.approx((2.6, 2.5))  # the two fastest reference rounds, in order
+    assert Protocol(rounds=3).round_limit == 12
+
+
+def test_a_model_of_microseconds_settles_after_a_bounded_number_of_rounds():
+    from autotune.measure import SETTLE_ROUNDS, ReferencePace
+
+    pace = ReferencePace()
+    latency = interleaved(lambda: 0.001, lambda: 0.002, Protocol(warmup=0, repeats=1, settle_s=3600.0), pace=pace)
+    assert pace.rounds == SETTLE_ROUNDS and pace.timed_s < 3600
+    assert latency.speedup > 0

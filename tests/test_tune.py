@@ -196,7 +196,7 @@ def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(t
     assert list(references) == ["ort-static", "ort-dynamic"]
     for name, row in references.items():
         assert row["status"] == "ok" and row["error"] is None, (name, row)
-        assert row["split"] == "holdout" and row["protocol"] == {"warmup": 1, "repeats": 4, "rounds": 1}
+        assert row["split"] == "holdout" and row["protocol"] == {**config.measure.model_dump(), "repeats": 4, "rounds": 1}
         assert row["speedup"] > 0 and row["accuracy_drop"] is not None
     assert summary["builds"] == 3  # the one-liners spend no build of the search
     assert summary["winner"]["back_to_back_ms"] is None  # ONNX Runtime has no back-to-back timer
@@ -369,7 +369,7 @@ def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
     other = tiny_config(
         tmp_path,
         name="other",
-        measure={"warmup": 1, "repeats": 5, "rounds": 1},
+        measure={"warmup": 1, "repeats": 5, "rounds": 1, "settle_s": 0},
         from_runs=[str(first.run_dir)],
     )
     with pytest.raises(ConfigError, match=r"not comparable with this run \(measure differ\)") as error:

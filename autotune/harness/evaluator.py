@@ -10,7 +10,7 @@ from autotune.backends import BuildError
 from autotune.config import TuneConfig
 from autotune.harness.executor import Pool, make_pool
 from autotune.harness.process import ChildRunner
-from autotune.harness.runner import TrialRunner
+from autotune.harness.runner import TrialRunner, confirmation_protocol
 from autotune.measure import Protocol
 from autotune.plan import Plan
 from autotune.store import TrialStore
@@ -181,9 +181,7 @@ class Evaluator:
             plans: The plans to confirm.
             rounds: Rounds instead of ``confirm.rounds`` (more where the run's timing self-check read noise).
         """
-        confirm = self.config.confirm
-        protocol = Protocol(warmup=self.config.measure.warmup, repeats=confirm.repeats, rounds=rounds or confirm.rounds)
-        results = self.measure_side_by_side(plans, "holdout", protocol)
+        results = self.measure_side_by_side(plans, "holdout", confirmation_protocol(self.config, rounds))
         for plan, result in zip(plans, results, strict=True):
             if plan.reference is not None:
                 self.store.put_reference(result)

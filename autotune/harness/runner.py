@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from autotune.harness.prepare import (
     prepare_backend,
     search_space,
 )
-from autotune.measure import Latency, Protocol, interleaved, side_by_side
+from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side_by_side
 from autotune.metrics import fidelity, score
 from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
@@ -39,6 +39,17 @@ BACK_TO_BACK_ROUNDS = 15
 """Back-to-back timings per confirmed plan; their median is ``TrialResult.back_to_back_ms``."""
 
 
+def search_protocol(config: TuneConfig) -> Protocol:
+    """The latency protocol of the search's trials: the config's ``measure`` section."""
+    return Protocol(**config.measure.model_dump())
+
+
+def confirmation_protocol(config: TuneConfig, rounds: int | None = None) -> Protocol:
+    """The confirmation's protocol: ``measure`` with the repeats and rounds of ``confirm`` (or ``rounds``)."""
+    confirm = config.confirm
+    return replace(search_protocol(config), repeats=confirm.repeats, rounds=rounds or confirm.rounds)
+
+
 @dataclass(frozen=True)
 class _Scored:
     """A plan built and scored, waiting to be timed."""
@@ -52,12 +63,12 @@ class _Scored:
 
 
 def _time_alone(
-    timer: Callable[[], float], reference: Callable[[], float], protocol: Protocol
+    timer: Callable[[], float], reference: Callable[[], float], protocol: Protocol, pace: ReferencePace
 ) -> tuple[Latency | str, float]:
     """One engine against the reference alone: its latency or its error, and the seconds it took."""
     start = time.perf_counter()
     try:
-        return interleaved(timer, reference, protocol, self_timed=True), time.perf_counter() - start
+        return interleaved(timer, reference, protocol, self_timed=True, pace=pace), time.perf_counter() - start
     except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
         return f"{type(error).__name__}: {error}", time.perf_counter() - start
 
@@ -90,6 +101,7 @@ class TrialRunner:
             raise SetupError(str(error)) from error
         self.output_index = self._output_index()
         self._one_liners: dict[str, Any] = {}
+        self.pace = ReferencePace()  # every measurement of this process knows the machine's quiet pace
         try:  # first: calibration runs the FP32 model too, and would fail with a less helpful message
             self.reference = self.backend.build(self.space.uniform("fp32"), NONE, config.run_dir)
         except BuildError as error:
@@ -193,7 +205,7 @@ class TrialRunner:
         Returns:
             One result per plan, in order.
         """
-        protocol = protocol or Protocol(**self.config.measure.model_dump())
+        protocol = protocol or search_protocol(self.config)
         feeds = self.datasets[split].batches[0]
         results: list[TrialResult | None] = [None] * len(plans)
         pending: list[tuple[int, _Scored]] = []
@@ -209,14 +221,14 @@ class TrialRunner:
         reference = self._timer(self.reference, feeds)
         start = time.perf_counter()
         try:
-            latencies = side_by_side(timers, reference, protocol, self_timed=True)
+            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=self.pace)
             share_s = (time.perf_counter() - start) / max(1, len(pending))
             timed: list[tuple[Latency | str, float]] = [(latency, share_s) for latency in latencies]
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
             if len(timers) == 1:
                 timed = [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
             else:  # each alone, so the failure of one engine stays its own
-                timed = [_time_alone(timer, reference, protocol) for timer in timers]
+                timed = [_time_alone(timer, reference, protocol, self.pace) for timer in timers]
         back_to_back = self._back_to_back([item.artifact for _, item in pending], feeds, split)
         for (index, item), (latency, seconds), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
             if isinstance(latency, str):

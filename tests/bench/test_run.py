@@ -27,7 +27,10 @@ def _bench(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to run two runs at once")
 def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     config = tmp_path / "tiny.yaml"
-    fast = {"measure": {"warmup": 1, "repeats": 1, "rounds": 1}, "confirm": {"top_k": 2, "repeats": 1, "rounds": 1}}
+    fast = {
+        "measure": {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0},
+        "confirm": {"top_k": 2, "repeats": 1, "rounds": 1},
+    }
     config.write_text(dump_config(tiny_config(tmp_path, **fast)))
     out = tmp_path / "bench"
     done = _bench(config, out, "--jobs", "2", "--cores-per-job", "1")

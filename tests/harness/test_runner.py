@@ -20,7 +20,7 @@ def runner(tmp_path_factory):
 def test_plans_side_by_side_share_the_rounds_and_a_plan_outside_the_space_fails_alone(runner):
     int8, fp32 = runner.space.uniform("int8"), runner.space.uniform("fp32")
     outside = Plan.make({**int8.precision_map, runner.space.layer_names[0]: "fp8"}, int8.knob_map)
-    protocol = Protocol(warmup=1, repeats=2, rounds=3)
+    protocol = Protocol(warmup=1, repeats=2, rounds=3, settle_s=0.0)
     results = runner.run_side_by_side([int8, outside, fp32], "holdout", protocol)
     assert [r.status for r in results] == [OK, FAILED, OK]
     assert [r.plan for r in results] == [int8, outside, fp32]
@@ -53,11 +53,11 @@ def test_an_engine_that_fails_while_timed_fails_alone_and_the_others_are_timed_w
 
     monkeypatch.setattr(runner, "build", remember)
     monkeypatch.setattr(runner.backend, "time_run", broken_for_int8)
-    results = runner.run_side_by_side([int8, fp32], "evaluation", Protocol(warmup=0, repeats=2, rounds=2))
+    results = runner.run_side_by_side([int8, fp32], "evaluation", Protocol(warmup=0, repeats=2, rounds=2, settle_s=0.0))
     assert [r.status for r in results] == [FAILED, OK]
     assert results[0].error == "RuntimeError: the engine stopped"
     assert results[1].speedup > 0
-    (alone,) = runner.run_side_by_side([int8], "evaluation", Protocol(warmup=0, repeats=1, rounds=1))
+    (alone,) = runner.run_side_by_side([int8], "evaluation", Protocol(warmup=0, repeats=1, rounds=1, settle_s=0.0))
     assert alone.status == FAILED and alone.error == "RuntimeError: the engine stopped"
 
 

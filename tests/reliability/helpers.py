@@ -19,7 +19,7 @@ from autotune.store import TrialStore
 from autotune.testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-FAST_MEASURE = {"warmup": 1, "repeats": 1, "rounds": 1}
+FAST_MEASURE = {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0}
 FAST_CONFIRM = {"top_k": 2, "repeats": 1, "rounds": 1}
 
 
