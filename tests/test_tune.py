@@ -194,9 +194,10 @@ def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(t
     summary = tune(config, strategy="random", isolate=False, progress=False)
     references = summary["references"]
     assert list(references) == ["ort-static", "ort-dynamic"]
+    confirmation = {**config.measure.model_dump(), "repeats": 4, "rounds": 1}
     for name, row in references.items():
         assert row["status"] == "ok" and row["error"] is None, (name, row)
-        assert row["split"] == "holdout" and row["protocol"] == {**config.measure.model_dump(), "repeats": 4, "rounds": 1}
+        assert row["split"] == "holdout" and row["protocol"] == confirmation
         assert row["speedup"] > 0 and row["accuracy_drop"] is not None
     assert summary["builds"] == 3  # the one-liners spend no build of the search
     assert summary["winner"]["back_to_back_ms"] is None  # ONNX Runtime has no back-to-back timer
