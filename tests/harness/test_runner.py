@@ -70,3 +70,18 @@ def test_a_side_by_side_request_of_plans_that_all_fail_times_nothing(runner, mon
     (result,) = runner.run_side_by_side([outside], "evaluation")
     assert result.status == FAILED and "plan outside the search space" in result.error
     assert timed == []  # FP32 was not timed with no plan beside it
+
+
+def test_the_trial_process_settles_once_and_its_later_trials_time_only_their_rounds(runner, monkeypatch):
+    from autotune.measure import ReferencePace
+
+    monkeypatch.setattr(runner, "pace", ReferencePace())
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.05)
+    int8 = runner.space.uniform("int8")
+    (first,) = runner.run_side_by_side([int8], "evaluation", protocol)
+    settled_rounds = runner.pace.rounds
+    assert runner.pace.timed_s >= 0.05 and settled_rounds > 2 * protocol.rounds
+    assert len(first.round_speedups) >= protocol.rounds
+    (second,) = runner.run_side_by_side([int8], "evaluation", protocol)
+    assert runner.pace.rounds - settled_rounds <= protocol.round_limit  # the pace of the first trial carried over
+    assert second.ok and len(second.round_speedups) == protocol.rounds
