@@ -40,12 +40,14 @@ def spells(rows: np.ndarray, band: float = 0.05, block_s: float = 0.1) -> dict[s
     block = ((rows[:, 0] - rows[0, 0]) / block_s).astype(int)
     medians = np.array([np.median(rows[block == b, 1:3], axis=0) for b in np.unique(block)])
     slow = medians[:, 0] > np.percentile(medians[:, 0], 10) * (1 + band)
-    lengths, run = [], 0
+    lengths: list[int] = []
+    run = 0
     for is_slow in [*slow, False]:
         if is_slow:
             run += 1
         elif run:
-            lengths, run = [*lengths, run], 0
+            lengths.append(run)
+            run = 0
     ratios = medians[:, 0] / medians[:, 1]
     return {
         "slow_fraction": float(slow.mean()),
