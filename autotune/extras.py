@@ -8,6 +8,7 @@ package, installed with ``pip install 'autotune[NAME]'``. A feature that needs o
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 
@@ -33,5 +34,22 @@ def require(module: str, extra: str, what: str, hint: str = "") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
-        message = f"{what} needs the '{extra}' extra: pip install 'autotune[{extra}]'"
-        raise MissingExtra(f"{message} ({hint})" if hint else message, name=module) from error
+        raise _missing(module, extra, what, hint) from error
+
+
+def check_installed(module: str, extra: str, what: str, hint: str = "") -> None:
+    """Checks that ``module``'s top-level package is installed, without importing it.
+
+    For a process that only validates a config: importing torchao alone takes 10 s on a cold machine, and the
+    process that builds imports it again (through :func:`require`, which also catches a broken install).
+
+    Raises:
+        MissingExtra: As :func:`require`.
+    """
+    if importlib.util.find_spec(module.partition(".")[0]) is None:
+        raise _missing(module, extra, what, hint)
+
+
+def _missing(module: str, extra: str, what: str, hint: str) -> MissingExtra:
+    message = f"{what} needs the '{extra}' extra: pip install 'autotune[{extra}]'"
+    return MissingExtra(f"{message} ({hint})" if hint else message, name=module)

@@ -24,6 +24,11 @@ class RunMeta:
         cache_hits: Plans the store answered without a build.
         free_knobs: The free knobs the uniform seeds fixed, name to value.
         fp32_plan_hash: The FP32 plan, confirmed as the reference.
+        setup_s: Wall seconds from the command's start to the first build of the search (the latest start of a
+            resumed run): the model's analysis and export, the trial process's preparation (calibration, the FP32
+            reference) and the timing self-check.
+        setup_stages_s: Where ``setup_s`` went, stage to seconds; the trial process's own stages are prefixed
+            ``trial_process.`` and lie within ``trial_process``.
     """
 
     strategy: str | None = None
@@ -32,6 +37,8 @@ class RunMeta:
     cache_hits: int = 0
     free_knobs: dict[str, Any] = field(default_factory=dict)
     fp32_plan_hash: str | None = None
+    setup_s: float | None = None
+    setup_stages_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

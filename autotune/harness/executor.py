@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.base import DEVICE_OWNER_ENV
 from autotune.config import ConfigError, TuneConfig
 from autotune.extras import require
 from autotune.harness.prepare import SetupError
@@ -219,10 +220,11 @@ class RayWorker:
         if cache_files:
             restore_cache(Path(config_data["cache_dir"]), cache_files)
         self.cache_dir = Path(config_data["cache_dir"])
+        os.environ[DEVICE_OWNER_ENV] = "1"  # the actor builds and times: it may start CUDA itself
         self.runner, self.setup = prepare_runner(config_data, source)
 
     def ready(self) -> Outcome:
-        """``("ready", None)``, or ``("setup_error", message)``."""
+        """``("ready", stages)``, or ``("setup_error", message)`` (``prepare_runner``)."""
         return self.setup
 
     def cache_files(self) -> dict[str, bytes]:

@@ -5,11 +5,13 @@ Every function raises ``SetupError`` with a message a user can act on: a run tha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import sys
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,22 @@ log = logging.getLogger(__name__)
 
 class SetupError(RuntimeError):
     """The run cannot start (bad model, data, or config); nothing was built."""
+
+
+class Stages:
+    """Wall seconds per named stage of the set-up, in the order they ran (a stage run twice adds up)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        """Times the ``with`` block as stage ``name``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 def config_inputs(config: TuneConfig) -> list[InputSpec]:

@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.base import DEVICE_OWNER_ENV
 from autotune.config import TuneConfig
 from autotune.extras import MissingExtra
 from autotune.harness.prepare import SetupError
@@ -101,7 +102,9 @@ def source_fingerprint() -> str:
 
 
 def prepare_runner(config_data: dict, source: str | None = None) -> tuple[TrialRunner | None, tuple[str, Any]]:
-    """Prepares a ``TrialRunner``; returns it and ``("ready", None)``, or None and ``("setup_error", message)``.
+    """Prepares a ``TrialRunner``; returns it and ``("ready", stages)``, or None and ``("setup_error", message)``.
+
+    ``stages`` is the runner's ``setup_stages_s``: where its set-up went, for the run's summary.
 
     Args:
         config_data: The run's config.
@@ -110,7 +113,8 @@ def prepare_runner(config_data: dict, source: str | None = None) -> tuple[TrialR
     if source is not None and source != source_fingerprint():
         return None, ("setup_error", CODE_CHANGED)
     try:
-        return TrialRunner(TuneConfig.model_validate(config_data)), ("ready", None)
+        runner = TrialRunner(TuneConfig.model_validate(config_data))
+        return runner, ("ready", dict(runner.setup_stages_s))
     except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
         # A user can act on these from their message alone; anything else is a bug, and its traceback says where.
         known = isinstance(error, SetupError | MissingExtra)
@@ -147,6 +151,7 @@ def _worker_main(
     logging.basicConfig(level=log_level, format=LOG_FORMAT)  # a spawned process starts without the run's logging
     _die_with_parent()
     place_worker(cores, environment)
+    os.environ[DEVICE_OWNER_ENV] = "1"  # this process builds and times: it may start CUDA itself
     runner, reply = prepare_runner(config_data, source)
     while True:
         try:
@@ -187,6 +192,8 @@ class ChildRunner:
         self.source = source_fingerprint()  # what every (re)started trial process must run
         self._process: Any = None
         self._connection: Any = None
+        self.setup_stages_s: dict[str, float] = {}
+        """Where the last (re)start's set-up went in the process (``TrialRunner.setup_stages_s``)."""
 
     def start(self) -> None:
         """Starts the child process and waits until it has prepared the run.
@@ -236,6 +243,7 @@ class ChildRunner:
         if kind != "ready":
             self.stop()
             raise SetupError(message)
+        self.setup_stages_s = dict(message or {})
 
     def stop(self) -> None:
         """Kills the child process."""

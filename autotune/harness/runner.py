@@ -17,6 +17,7 @@ from autotune.data import Dataset, load_dataset
 from autotune.harness.prepare import (
     Quantizations,
     SetupError,
+    Stages,
     calibrate_ranges,
     choose_layerwise,
     load_model,
@@ -85,17 +86,25 @@ class TrialRunner:
 
     def __init__(self, config: TuneConfig):
         self.config = config
+        stage = Stages()
+        self.setup_stages_s = stage.seconds
+        """Wall seconds of each stage of this runner's set-up (``Stages``), for the run's summary."""
         try:
-            self.backend = get_backend(config.backend, config.model)
-            self.model = load_model(config)
-            self.space = search_space(config, self.model, self.backend)
-            prepare_backend(self.backend, self.model, self.space)
-            self.datasets: dict[str, Dataset] = {
-                "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
-            }
-            holdout = config.data.holdout or config.data.evaluation
-            self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
-            calibration_data = load_dataset(config.data.calibration, self.model.inputs, "calibration", config.seed + 2)
+            with stage("backend"):
+                self.backend = get_backend(config.backend, config.model)
+            with stage("model"):
+                self.model = load_model(config)
+                self.space = search_space(config, self.model, self.backend)
+                prepare_backend(self.backend, self.model, self.space)
+            with stage("data"):
+                self.datasets: dict[str, Dataset] = {
+                    "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
+                }
+                holdout = config.data.holdout or config.data.evaluation
+                self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
+                calibration_data = load_dataset(
+                    config.data.calibration, self.model.inputs, "calibration", config.seed + 2
+                )
             self.calibration_batches = calibration_data.batches  # what the platform's one-liners calibrate on
         except (ValueError, OSError, BackendUnavailable) as error:
             raise SetupError(str(error)) from error
@@ -103,20 +112,27 @@ class TrialRunner:
         self._one_liners: dict[str, Any] = {}
         self.pace = ReferencePace()  # every measurement of this process knows the machine's quiet pace
         try:  # first: calibration runs the FP32 model too, and would fail with a less helpful message
-            self.reference = self.backend.build(self.space.uniform("fp32"), NONE, config.run_dir)
+            with stage("fp32_build"):
+                self._fp32_plan = self.space.uniform("fp32")
+                self.reference = self.backend.build(self._fp32_plan, NONE, config.run_dir)
         except BuildError as error:
             raise SetupError(
                 f"{self.model.path}: the FP32 model does not build on {self.backend.name}: {error}; "
                 f"replace the operator it names, or choose another backend"
             ) from error
-        self.calibration = calibrate_ranges(config, self.model, self.backend, calibration_data)
+        with stage("calibration"):
+            self.calibration = calibrate_ranges(config, self.model, self.backend, calibration_data)
         self._calibration_data = calibration_data
-        self.use_layerwise(
-            choose_layerwise(
-                config, self.model, self.backend, self.space, self.calibration, calibration_data, self.output_index
+        with stage("layerwise"):
+            self.use_layerwise(
+                choose_layerwise(
+                    config, self.model, self.backend, self.space, self.calibration, calibration_data, self.output_index
+                )
             )
-        )
-        self.reference_outputs = {split: self._outputs(self.reference, data) for split, data in self.datasets.items()}
+        with stage("fp32_outputs"):
+            self.reference_outputs = {
+                split: self._outputs(self.reference, data) for split, data in self.datasets.items()
+            }
         self.reference_accuracy: dict[str, float] = {}
         for split in self.datasets:
             try:
@@ -175,7 +191,8 @@ class TrialRunner:
         """The backend's engine of a plan, or of the one-liner a reference plan names.
 
         A reference is built once per run (its one-liner is deterministic), so exporting it after measuring it
-        does not quantize the model again.
+        does not quantize the model again; the FP32 plan is the FP32 reference where the backend
+        ``reuses_fp32_build``.
         """
         if plan.reference is not None:
             if plan.reference not in self._one_liners:
@@ -183,6 +200,8 @@ class TrialRunner:
                     plan.reference, self.calibration_batches, workdir
                 )
             return self._one_liners[plan.reference]
+        if self.backend.reuses_fp32_build and plan.hash == self._fp32_plan.hash:
+            return self.reference
         try:
             quantization = self.quantizations(plan)
         except (ValueError, SetupError) as error:  # layerwise not offered, or failed for the plan's scheme

@@ -12,7 +12,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,11 +117,16 @@ class TensorStats:
         Raises:
             ValueError: ``values`` holds NaN or Inf.
         """
-        x = np.asarray(values, dtype=np.float64).ravel()
+        x = np.asarray(values)
+        if not np.issubdtype(x.dtype, np.floating):
+            x = x.astype(np.float64)
+        x = x.ravel()
         if x.size == 0:
             return
         if not np.isfinite(x).all():
             raise ValueError("values contain NaN or Inf")
+        # Extremes and magnitudes in the tensor's own float type are exact and, for float32 activations, half the
+        # memory traffic; the bin index below is computed in float64, so the histogram is the same.
         self.min = min(self.min, float(x.min()))
         self.max = max(self.max, float(x.max()))
         magnitudes = np.abs(x)
@@ -136,7 +143,10 @@ class TensorStats:
             while math.ceil(top / self.bin_width) > limit:
                 self._coarsen()
             length = max(len(self.hist), math.ceil(top / self.bin_width))
-        index = np.minimum((magnitudes / self.bin_width).astype(np.int64), length - 1)
+        scaled = magnitudes.astype(np.float64)
+        np.divide(scaled, self.bin_width, out=scaled)
+        index = scaled.astype(np.int64)
+        np.minimum(index, length - 1, out=index)
         counts = np.bincount(index, minlength=length)
         if length > len(self.hist):
             self.hist = np.concatenate([self.hist, np.zeros(length - len(self.hist), dtype=np.int64)])
@@ -390,9 +400,16 @@ def session_with_outputs(model: onnx.ModelProto, outputs: Sequence[str]) -> ort.
     options = ort.SessionOptions()
     # Fusions rename or remove intermediate tensors; the requested names must survive.
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = usable_cores()
     options.log_severity_level = 3
     return ort.InferenceSession(extended.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity where the OS has one: a pinned trial process's own)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def collect_statistics(
@@ -446,17 +463,28 @@ def collect_statistics(
         if session is not None:
             feed = {name: np.asarray(batch[name]) for name in required}
             values.update(zip(fetch, session.run(fetch, feed), strict=True))
-        for name in names:
-            array = values[name]
-            if np.issubdtype(array.dtype, np.inexact) and not np.isfinite(array).all():
-                raise ValueError(
-                    f"tensor {name!r} has NaN/Inf values on calibration batch {index}; check the calibration data"
-                )
-            stats[name].update(array)
+        # One thread per core: numpy releases the GIL in the passes over each tensor, and a batch of the
+        # BERT-large-shaped encoder took 26 s to merge one tensor after another on the H200 machine's CPU.
+        with ThreadPoolExecutor(usable_cores()) as pool:
+            nonfinite = pool.map(_merge, [stats[name] for name in names], [values[name] for name in names])
+            failed = [name for name, bad in zip(names, nonfinite, strict=True) if bad]
+        if failed:
+            raise ValueError(
+                f"tensor {failed[0]!r} has NaN/Inf values on calibration batch {index}; check the calibration data"
+            )
         seen += 1
     if seen == 0:
         raise ValueError("calibration data is empty")
     return stats
+
+
+def _merge(stats: TensorStats, values: np.ndarray) -> bool:
+    """Merges one batch of a tensor into its statistics; True where its values are not finite (nothing merged)."""
+    try:
+        stats.update(values)
+    except ValueError:
+        return True
+    return False
 
 
 def data_hash(batches: Sequence[Mapping[str, np.ndarray]]) -> str:

@@ -27,7 +27,7 @@ def test_a_runner_with_another_fingerprint_is_refused_before_preparing(tmp_path)
     config["model"]["onnx"] = str(tmp_path / "missing.onnx")  # preparing would fail otherwise: the check comes first
     assert prepare_runner(config, "0" * 64) == (None, ("setup_error", CODE_CHANGED))
     runner, reply = prepare_runner(tiny_config(tmp_path).model_dump(mode="json"), source_fingerprint())
-    assert runner is not None and reply == ("ready", None)
+    assert runner is not None and reply == ("ready", runner.setup_stages_s)
 
 
 def test_a_trial_process_started_after_the_code_changed_stops_the_run_with_a_line_that_says_resume(tmp_path):

@@ -85,3 +85,23 @@ def test_the_trial_process_settles_once_and_its_later_trials_time_only_their_rou
     (second,) = runner.run_side_by_side([int8], "evaluation", protocol)
     assert runner.pace.rounds - settled_rounds <= protocol.round_limit  # the pace of the first trial carried over
     assert second.ok and len(second.round_speedups) == protocol.rounds
+
+
+def test_the_fp32_plan_is_built_anew_on_onnxruntime_and_is_the_reference_on_torch(runner, tmp_path):
+    from autotune.testing import tiny_torch_config
+
+    fp32 = runner.space.uniform("fp32")
+    assert runner.build(fp32, tmp_path) is not runner.reference  # two sessions, two thread pools: timed as such
+    assert set(runner.setup_stages_s) == {
+        "backend",
+        "model",
+        "data",
+        "fp32_build",
+        "calibration",
+        "layerwise",
+        "fp32_outputs",
+    }
+    assert all(seconds >= 0 for seconds in runner.setup_stages_s.values())
+    torch_runner = TrialRunner(tiny_torch_config(tmp_path / "torch"))
+    assert torch_runner.build(torch_runner.space.uniform("fp32"), tmp_path) is torch_runner.reference
+    assert torch_runner.build(torch_runner.space.uniform("int8"), tmp_path) is not torch_runner.reference

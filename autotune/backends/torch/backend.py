@@ -29,17 +29,18 @@ from autotune.backends.torch.device import (
     MODE_KNOB,
     REDUCE_OVERHEAD,
     TF32_KNOB,
-    probe_device,
+    DeviceInfo,
+    probe_in_background,
     torch_capabilities,
 )
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.layer_probe import TorchLayerProbe
 from autotune.backends.torch.modules import module_choices, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_back_to_back, time_launch
-from autotune.backends.torch.torchao_linear import TORCHAO, torchao
+from autotune.backends.torch.torchao_linear import TORCHAO, TORCHAO_MODULE, torchao
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
-from autotune.extras import MissingExtra
+from autotune.extras import MissingExtra, check_installed
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, KnobValue, Plan
 from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import TORCH
@@ -110,6 +111,9 @@ class TorchBackend(Backend):
 
     name = "torch"
     recipe = TORCH
+    # A second compile and capture of the FP32 module cost 6-15 s on the H200 (MiniLM, the encoder) for the same
+    # kernels in the same kind of CUDA graph.
+    reuses_fp32_build = True
 
     def __init__(self, factory: str | None, options: TorchOptions | None = None):
         if not factory:
@@ -120,17 +124,13 @@ class TorchBackend(Backend):
         self.options = options if options is not None else TorchOptions()
         self.factory = factory
         self.device = self.options.device
-        self.info = probe_device(self.device)
-        if not self.info.available:
-            cpu_build = "+cpu" in self.info.torch_version
-            raise BackendUnavailable(
-                f"the torch backend found no CUDA device {self.device!r} (torch {self.info.torch_version}"
-                f"{', a CPU-only build' if cpu_build else ''}{'; ' + self.info.name if self.info.name else ''}); "
-                f"run it on an NVIDIA GPU, or set backend.options.device: cpu for eager runs on the CPU"
-            )
+        # The probe of a CUDA device runs in a child process for seconds (torch's import and CUDA's start: 11-13 s
+        # on a cold H200 machine); the run's process exports the model meanwhile, and waits at the first ``info``.
+        self._probe = probe_in_background(self.device)
+        self._info: DeviceInfo | None = None
         if self.options.quantized_gemm == TORCHAO:
-            try:
-                torchao()
+            try:  # checked, not imported: the run's process never builds, the trial process imports it
+                check_installed(*TORCHAO_MODULE)
             except MissingExtra as error:
                 raise BackendUnavailable(str(error)) from error
         self._capabilities: Capabilities | None = None
@@ -140,6 +140,25 @@ class TorchBackend(Backend):
         self.model: LoadedModel | None = None
 
     # -- setup
+
+    @property
+    def info(self) -> DeviceInfo:
+        """What the device offers (``probe_device``), once its probe has ended.
+
+        Raises:
+            BackendUnavailable: No such CUDA device (the message says how to run on the CPU), or the probe failed.
+        """
+        if self._info is None:
+            info = self._probe.result()
+            if not info.available:
+                cpu_build = "+cpu" in info.torch_version
+                raise BackendUnavailable(
+                    f"the torch backend found no CUDA device {self.device!r} (torch {info.torch_version}"
+                    f"{', a CPU-only build' if cpu_build else ''}{'; ' + info.name if info.name else ''}); "
+                    f"run it on an NVIDIA GPU, or set backend.options.device: cpu for eager runs on the CPU"
+                )
+            self._info = info
+        return self._info
 
     def capabilities(self) -> Capabilities:
         """Precisions and knobs of this device, torch and module (``torch_capabilities``); no SmoothQuant.

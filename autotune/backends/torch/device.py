@@ -12,11 +12,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import BackendUnavailable
+from autotune.backends.base import BackendUnavailable, owns_devices
 from autotune.capabilities import Capabilities, Knob
 from autotune.optypes import MATMUL_OP_TYPES
 from autotune.plan import KnobValue
@@ -309,8 +310,32 @@ def probe_isolated(device: str, timeout_s: float = 600.0) -> DeviceInfo:
 
 
 @functools.cache
+def probe_in_background(device: str) -> Future[DeviceInfo]:
+    """``probe_device(device)`` in a thread, started once per process and device; its future.
+
+    The probe of a CUDA device waits seconds on its child process; the caller goes on meanwhile. A probe done here
+    (the CPU, a trial process) is quick, and runs before this returns.
+    """
+    if device.startswith("cuda") and not owns_devices():
+        return _PROBES.submit(probe_device, device)
+    future: Future[DeviceInfo] = Future()
+    try:
+        future.set_result(probe_device(device))
+    except Exception as error:  # noqa: BLE001 - raised where the result is read, as from the thread
+        future.set_exception(error)
+    return future
+
+
+_PROBES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-probe")
+
+
+@functools.cache
 def probe_device(device: str) -> DeviceInfo:
-    """What ``device`` offers, probed once per process: CUDA in a child process, the CPU here."""
-    if device.startswith("cuda"):
+    """What ``device`` offers, probed once per process.
+
+    CUDA is probed in a child process, except in a trial process (``owns_devices``), which initialises CUDA to
+    build anyway: a child there would import torch and start CUDA a second time (4-12 s on the H200 machine).
+    """
+    if device.startswith("cuda") and not owns_devices():
         return probe_isolated(device)
     return probe_here(device)

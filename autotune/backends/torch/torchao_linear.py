@@ -34,9 +34,13 @@ WRAPPERS = "autotune"
 """``quantized_gemm`` value: this backend's own wrappers (``Int8Linear``, ``Fp8Linear``)."""
 
 
+TORCHAO_MODULE = ("torchao.quantization", "torchao", "backend.options.quantized_gemm: torchao")
+"""What ``require`` imports for torchao's Linears: the module, the extra that installs it, the option that needs it."""
+
+
 def torchao() -> Any:
     """The ``torchao.quantization`` module, or ``MissingExtra`` naming the pip command."""
-    return require("torchao.quantization", "torchao", "backend.options.quantized_gemm: torchao")
+    return require(*TORCHAO_MODULE)
 
 
 @functools.cache

@@ -43,13 +43,15 @@ def test_a_bad_device_is_rejected_by_the_config_with_its_key_path(tmp_path):
         tiny_torch_config(tmp_path, device="gpu")
 
 
-def test_no_cuda_says_how_to_run_on_the_cpu(monkeypatch):
-    # TorchBackend probes through the name its module imported
-    monkeypatch.setattr(
-        backend_module, "probe_device", lambda device: DeviceInfo(device, "2.13.0+cpu", available=False)
-    )
+def test_no_cuda_says_how_to_run_on_the_cpu_when_the_probe_answers(monkeypatch):
+    from concurrent.futures import Future
+
+    probe: Future = Future()  # TorchBackend probes through the name its module imported, in the background
+    monkeypatch.setattr(backend_module, "probe_in_background", lambda device: probe)
+    backend = TorchBackend(FACTORY)  # does not wait for the probe: the run exports the model meanwhile
+    probe.set_result(DeviceInfo("cuda", "2.13.0+cpu", available=False))
     with pytest.raises(BackendUnavailable, match="CPU-only build.*device: cpu"):
-        TorchBackend(FACTORY)
+        backend.capabilities()
 
 
 # ---- a trial end to end on the CPU --------------------------------------------------------------------------

@@ -293,14 +293,14 @@ def test_the_torchao_fp8_one_liner_is_offered_on_fp8_gpus_with_torchao(monkeypat
     from autotune.backends.torch import backend as torch_backend
 
     fake = object.__new__(torch_backend.TorchBackend)
-    fake.info = _cuda((9, 0))
+    fake._info = _cuda((9, 0))  # what the probe answered
     fake._capabilities = torch_capabilities(fake.info, ("sdpa", "eager"))
     monkeypatch.setattr(torch_backend, "torchao_installed", lambda: True)
     assert fake.references() == ("torch-tf32", "torch-fp16", "torch-bf16", "torchao-fp8")
     monkeypatch.setattr(torch_backend, "torchao_installed", lambda: False)
     assert "torchao-fp8" not in fake.references()
     monkeypatch.setattr(torch_backend, "torchao_installed", lambda: True)
-    fake.info = _cuda((8, 0))  # an A100: no FP8 GEMMs
+    fake._info = _cuda((8, 0))  # an A100: no FP8 GEMMs
     fake._capabilities = torch_capabilities(fake.info, ("sdpa", "eager"))
     assert "torchao-fp8" not in fake.references()
 

@@ -6,6 +6,7 @@ from torch import nn
 
 from autotune.api import analyze
 from autotune.backends.torch import bind_layers, count_calls, module_path, resolve_module_path
+from autotune.backends.torch.binding import one_row
 from autotune.harness import SetupError, TrialRunner
 from autotune.model import InputSpec, export_torch, load_onnx, prepare_model, weight_array
 from autotune.testing import tiny_torch_config
@@ -164,3 +165,28 @@ def test_setup_names_exclude_layers(tmp_path):
         TrialRunner(config)
     with pytest.raises(SetupError, match="cannot map 3 searched layers"):
         analyze(config)  # `autotune tune` and `inspect` fail before a run directory exists
+
+
+class _FixedBatch(torch.nn.Module):
+    """A module written for its batch size: a reshape with the batch hard-coded, as some exported models have."""
+
+    def __init__(self, batch: int):
+        super().__init__()
+        self.batch = batch
+        self.fc = torch.nn.Linear(4, 4)
+        self.seen: list[int] = []
+
+    def forward(self, x):
+        self.seen.append(x.shape[0])
+        return self.fc(x.reshape(self.batch, 4))
+
+
+def test_calls_are_counted_on_one_row_and_on_the_whole_batch_where_one_row_fails():
+    inputs = [InputSpec("x", (8, 4), "float32")]
+    assert one_row(inputs) == [InputSpec("x", (1, 4), "float32")]
+    assert one_row([InputSpec("x", (8, 4), "float32"), InputSpec("m", (2, 4), "int64")]) is None  # no shared batch
+    assert one_row([InputSpec("x", (1, 4), "float32")]) is None
+    flexible = _FixedBatch(batch=-1)
+    assert count_calls(flexible, inputs, {"fc"}) == {"fc": 1} and flexible.seen == [1]
+    fixed = _FixedBatch(batch=8)
+    assert count_calls(fixed, inputs, {"fc"}) == {"fc": 1} and fixed.seen == [1, 8]

@@ -83,3 +83,18 @@ def test_cuda_probe_runs_in_a_child_process():
     info = probe_isolated("cuda")
     assert not info.available and info.torch_version == torch.__version__
     assert DeviceInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+
+
+def test_only_a_trial_process_probes_cuda_itself(monkeypatch):
+    from autotune.backends.base import DEVICE_OWNER_ENV
+    from autotune.backends.torch import device
+
+    calls = []
+    monkeypatch.setattr(device, "probe_isolated", lambda name: calls.append(("child", name)) or "isolated")
+    monkeypatch.setattr(device, "probe_here", lambda name: calls.append(("here", name)) or "here")
+    monkeypatch.delenv(DEVICE_OWNER_ENV, raising=False)
+    probe = device.probe_device.__wrapped__  # the uncached function: the cache would answer the second call
+    assert probe("cuda") == "isolated" and probe("cpu") == "here"
+    monkeypatch.setenv(DEVICE_OWNER_ENV, "1")  # a trial process: it starts CUDA to build anyway
+    assert probe("cuda:0") == "here"
+    assert calls == [("child", "cuda"), ("here", "cpu"), ("here", "cuda:0")]

@@ -86,7 +86,8 @@ def test_the_wrappers_stay_the_default_and_the_option_is_validated():
 
 
 def test_a_missing_torchao_is_one_line_naming_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchao.quantization", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "torchao", None)  # found and imported as if not installed
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
     with pytest.raises(BackendUnavailable, match=r"'torchao' extra: pip install 'autotune\[torchao\]'"):
         TorchBackend("autotune.testing:tiny_torch_mlp", TorchOptions(device="cpu", quantized_gemm="torchao"))
     TorchBackend("autotune.testing:tiny_torch_mlp", TorchOptions(device="cpu"))  # the wrappers need no torchao
