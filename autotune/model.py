@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import os
@@ -165,8 +166,7 @@ def export_torch(factory: str, inputs: Sequence[InputSpec], out_path: Path, opse
     """
     import torch  # heavy: only when a torch model is exported
 
-    module = resolve_callable(factory)()
-    module.eval()
+    module = factory_module(factory)
     examples = tuple(
         torch.from_numpy(np.zeros(spec.shape, dtype=np.dtype(spec.dtype)) + (1 if "int" in spec.dtype else 0))
         for spec in inputs
@@ -190,6 +190,17 @@ def export_torch(factory: str, inputs: Sequence[InputSpec], out_path: Path, opse
     finally:
         Path(tmp).unlink(missing_ok=True)
     return out_path
+
+
+@functools.cache
+def factory_module(factory: str) -> Any:
+    """The module a ``model.torch`` factory returns, in eval mode, made once per process; callers must not change it.
+
+    The run's process exports it for the layer table and binds the layers to it; calling the factory twice loaded
+    or initialised every weight twice (6-9 s of the BERT-large-shaped encoder's set-up). The trial process makes
+    its own, so a factory whose weights differ between calls is still caught there.
+    """
+    return resolve_callable(factory)().eval()
 
 
 def resolve_callable(spec: str) -> Any:

@@ -457,3 +457,11 @@ def test_shape_inference_that_stops_early_leaves_no_file_in_the_working_director
     monkeypatch.chdir(tmp_path)
     layers = build_layer_table(model)
     assert [layer.name for layer in layers] and list(tmp_path.iterdir()) == []
+
+
+def test_the_run_makes_a_factorys_module_once_in_eval_mode():
+    from autotune.model import factory_module
+
+    factory_module.cache_clear()
+    module = factory_module("autotune.testing:tiny_torch_mlp")
+    assert factory_module("autotune.testing:tiny_torch_mlp") is module and not module.training

@@ -177,10 +177,9 @@ class TorchBackend(Backend):
     def fp32_module(self) -> Any:
         """The factory's module in eval mode on the CPU, made once; builds rewrite deep copies of it."""
         if self._fp32 is None:
-            from autotune.model import resolve_callable
+            from autotune.model import factory_module
 
-            module = resolve_callable(self.factory)()
-            self._fp32 = module.eval()
+            self._fp32 = factory_module(self.factory)
         return self._fp32
 
     def prepare(self, model: LoadedModel, searched: Sequence[str]) -> None:
