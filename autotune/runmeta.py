@@ -27,8 +27,10 @@ class RunMeta:
         setup_s: Wall seconds from the command's start to the first build of the search (the latest start of a
             resumed run): the model's analysis and export, the trial process's preparation (calibration, the FP32
             reference) and the timing self-check.
-        setup_stages_s: Where ``setup_s`` went, stage to seconds; the trial process's own stages are prefixed
-            ``trial_process.`` and lie within ``trial_process``.
+        setup_stages_s: Where ``setup_s`` went, stage to seconds. The trial process's own stages are prefixed
+            ``trial_process.``: it starts with the run, loads its backend (``trial_process.backend``) while the run
+            analyses the model, then waits for the run (``trial_process.waiting_for_the_run``); ``trial_process``
+            is the run's wait for it from then on.
     """
 
     strategy: str | None = None

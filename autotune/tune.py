@@ -329,36 +329,41 @@ def tune(
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     started = time.time()
     stage = Stages()
-    # Model, backend, search space and data are checked before the run directory exists: a run that cannot start
-    # leaves nothing behind that a resume would trust.
-    with stage("analyze"):
-        model, space = analyze(config)
-    with stage("check_data"):
-        check_data(config, model)
-        _check_request(config, space, strategy)
-    key = comparability_key(config, model)
-    if resume_dir is None:
-        check_comparable(config.from_runs, key)
-        run = RunDir.create(config)
-    with TrialStore(run.store) as store:
-        if resume_dir is not None:
-            check_resumable(store, key, resume_dir)  # another machine or runtime: refused in one line
-            strategy = RunMeta.read(store).strategy or strategy
-        else:
-            store.set_meta(KEY_META, key)
-            RunMeta.write(store, strategy=strategy, imported_from=import_runs(store, config.from_runs, key))
-        monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
-        monitor.seed(list(store.trials()))
-        try:
-            with stage("trial_process"):
-                evaluator = Evaluator(config, store, isolate=isolate)
-            with evaluator:
-                stage.seconds.update({f"trial_process.{k}": v for k, v in evaluator.setup_stages_s.items()})
-                summary = _search_and_confirm(
-                    run, config, space, evaluator, monitor, strategy, resume_dir, started, stage
-                )
-        finally:
-            monitor.close()
+    trial_process = Evaluator.start_early(config, isolate)  # loads the backend while this process analyses
+    try:
+        # Model, backend, search space and data are checked before the run directory exists: a run that cannot
+        # start leaves nothing behind that a resume would trust.
+        with stage("analyze"):
+            model, space = analyze(config)
+        with stage("check_data"):
+            check_data(config, model)
+            _check_request(config, space, strategy)
+        key = comparability_key(config, model)
+        if resume_dir is None:
+            check_comparable(config.from_runs, key)
+            run = RunDir.create(config)
+        with TrialStore(run.store) as store:
+            if resume_dir is not None:
+                check_resumable(store, key, resume_dir)  # another machine or runtime: refused in one line
+                strategy = RunMeta.read(store).strategy or strategy
+            else:
+                store.set_meta(KEY_META, key)
+                RunMeta.write(store, strategy=strategy, imported_from=import_runs(store, config.from_runs, key))
+            monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
+            monitor.seed(list(store.trials()))
+            try:
+                with stage("trial_process"):
+                    evaluator = Evaluator(config, store, isolate=isolate, started=trial_process)
+                with evaluator:
+                    stage.seconds.update({f"trial_process.{k}": v for k, v in evaluator.setup_stages_s.items()})
+                    summary = _search_and_confirm(
+                        run, config, space, evaluator, monitor, strategy, resume_dir, started, stage
+                    )
+            finally:
+                monitor.close()
+    finally:
+        if trial_process is not None:
+            trial_process.stop()  # the evaluator stopped it already, unless the run ended before one took it
     write_json(run.summary, summary)
     return summary
 

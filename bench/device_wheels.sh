@@ -4,13 +4,13 @@
 # The H200 machine has Python 3.12, torch, transformers, onnx, onnxruntime, numpy, pyyaml, tqdm, matplotlib,
 # pandas, tensorboard, cloudpickle, pytest and hypothesis, but no network, and not pydantic (the config),
 # gymnasium + stable-baselines3 + sb3-contrib (the agent), optuna (a baseline) or torchao (the torch backend's
-# quantized_gemm: torchao, and bench/gpu_sweep.py). This script downloads those
+# quantized_gemm: torchao, which bench/gpu.py's tune and plans runs may set). This script downloads those
 # and their missing dependencies, at the versions installed in .venv so the device runs what the tests ran.
 # What travels to the device must stay under 64 MiB per call: .whl/ is git-ignored, so carry it explicitly.
 #
 #   here:       nice -n 19 bash bench/device_wheels.sh            # -> .whl/*.whl
 #   on the GPU: bash bench/device_wheels.sh install               # -> .device/site (offline, no dependencies)
-#               PYTHONPATH=.device/site:. python bench/gpu.py ...
+#               PYTHONPATH=.device/site:. python bench/gpu.py {tune,plans,gemm} --out OUT ...
 #
 # Left out on purpose: torch, numpy and the rest of the device's list above; tomli (Python < 3.11 only);
 # greenlet (SQLAlchemy 2.1 needs it only for asyncio, and .venv has none); MarkupSafe (Mako's only dependency,

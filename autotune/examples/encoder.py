@@ -1,9 +1,10 @@
 """A BERT-large-shaped text encoder with random weights: the model factory and random token batches.
 
 The shape (8 layers, hidden 1024, FFN 4096, 16 heads, 128 tokens) is where FP8 GEMMs beat BF16 on an H200 by a
-margin that survives the rest of the model (``bench/gpu_sweep.py``); MiniLM's hidden size of 384 is too narrow for
-that. The weights are random, drawn from a fixed seed, so a config of this model measures latency: its accuracy
-(cosine of the hidden states to the FP32 model's) is a fidelity proxy, not the quality of a trained encoder.
+margin that survives the rest of the model (the sweep in ``bench/results/gpu-h200/sweep.md``); MiniLM's hidden size
+of 384 is too narrow for that. The weights are random, drawn from a fixed seed, so a config of this model measures
+latency: its accuracy (cosine of the hidden states to the FP32 model's) is a fidelity proxy, not the quality of a
+trained encoder.
 ``configs/encoder-fp8-gpu.yaml`` points ``model.torch`` at :func:`build_module` and the data at :func:`batches`.
 
 Importing this module is cheap: torch and transformers load only inside :func:`build_module`.

@@ -25,6 +25,7 @@ class Evaluator:
         store: The run's trial store.
         isolate: Run trials in a child process with a timeout (default). In-process runs are for tests.
         on_result: Called with every new result (not with store hits).
+        started: The trial process ``Evaluator.start_early`` started for this config, taken over here.
 
     With ``execution.workers`` above 1 (or ``execution.backend: ray``) trials run on a pool of workers
     (:mod:`autotune.harness.executor`): ``evaluate_many`` keeps them all busy; everything else runs on one worker.
@@ -38,6 +39,7 @@ class Evaluator:
         store: TrialStore,
         isolate: bool = True,
         on_result: Callable[[TrialResult], None] | None = None,
+        started: ChildRunner | None = None,
     ):
         self.config = config
         self.store = store
@@ -58,10 +60,32 @@ class Evaluator:
                 self._pool.close()
                 raise
         elif isolate:
-            self._child = ChildRunner(config, setup_timeout_s=max(600.0, 2 * config.backend.timeout_s))
-            self._child.start()
+            self._child = started or _child_runner(config)
+            try:
+                if started is None:
+                    self._child.launch()
+                self._child.await_ready()
+            except BaseException:
+                self._child.stop()
+                raise
         else:
             self._inline = TrialRunner(config)
+
+    @staticmethod
+    def start_early(config: TuneConfig, isolate: bool = True) -> ChildRunner | None:
+        """Starts the trial process an ``Evaluator(config, isolate=isolate)`` would start, before the run needs it.
+
+        The process loads the backend (its runtime's import, the device's probe) while the run analyses and
+        exports the model, then waits for the ``Evaluator`` that takes it over (``started``) to prepare the run.
+
+        Returns:
+            The process, or None where the evaluator would start none (in-process trials) or a pool.
+        """
+        if not isolate or config.execution.workers > 1 or config.execution.backend != "local":
+            return None
+        child = _child_runner(config)
+        child.launch(gated=True)
+        return child
 
     @property
     def setup_stages_s(self) -> dict[str, float]:
@@ -239,6 +263,10 @@ class Evaluator:
         if status != "result":
             raise BuildError(f"export failed: {data}")
         return data
+
+
+def _child_runner(config: TuneConfig) -> ChildRunner:
+    return ChildRunner(config, setup_timeout_s=max(600.0, 2 * config.backend.timeout_s))
 
 
 def _result(plan: Plan, split: str, status: str, data: Any) -> TrialResult:

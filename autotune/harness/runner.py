@@ -79,12 +79,14 @@ class TrialRunner:
 
     Args:
         config: The run's config.
+        gate: Called once the backend is loaded (its runtime imported, its device probed), before the model is:
+            a trial process started with the run waits there until the run has analysed and exported the model.
 
     Raises:
         SetupError: The model, data or backend cannot be used.
     """
 
-    def __init__(self, config: TuneConfig):
+    def __init__(self, config: TuneConfig, gate: Callable[[], None] | None = None):
         self.config = config
         stage = Stages()
         self.setup_stages_s = stage.seconds
@@ -92,6 +94,9 @@ class TrialRunner:
         try:
             with stage("backend"):
                 self.backend = get_backend(config.backend, config.model)
+            if gate is not None:
+                with stage("waiting_for_the_run"):
+                    gate()
             with stage("model"):
                 self.model = load_model(config)
                 self.space = search_space(config, self.model, self.backend)

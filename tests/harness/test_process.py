@@ -1,4 +1,5 @@
-"""The trial process refuses to serve a run whose autotune code differs from its own (an upgrade mid-run)."""
+"""The trial process: it refuses to serve a run whose code differs from its own (an upgrade mid-run), and one
+started with the run waits for the run's go-ahead before it reads the model."""
 
 from __future__ import annotations
 
@@ -36,3 +37,25 @@ def test_a_trial_process_started_after_the_code_changed_stops_the_run_with_a_lin
     with pytest.raises(SetupError, match=r"changed on disk .*`autotune resume RUN_DIR`"):
         runner.start()
     runner.stop()
+
+
+def test_a_trial_process_started_with_the_run_reads_the_model_only_once_the_run_lets_it_go(tmp_path):
+    import time
+
+    from autotune.api import analyze
+    from autotune.harness import Evaluator
+
+    config = tiny_config(tmp_path)
+    model = tmp_path / "tiny.onnx"
+    exported = model.rename(tmp_path / "later.onnx")  # the run is still exporting it
+    child = Evaluator.start_early(config)
+    assert child is not None and Evaluator.start_early(config, isolate=False) is None
+    time.sleep(3)  # long enough for an ungated process to have failed on the missing model
+    assert child.connection is not None and not child.connection.poll(0)  # it waits, having sent nothing
+    exported.rename(model)
+    child.await_ready()  # lets it go: it prepares the run now
+    assert child.setup_stages_s["waiting_for_the_run"] >= 2.5 and child.setup_stages_s["model"] > 0
+    _, space = analyze(config)
+    status, result = child.request("trial", (space.uniform("int8").to_dict(), "evaluation", None), timeout_s=120)
+    child.stop()
+    assert status == "result" and result["status"] == "ok"
