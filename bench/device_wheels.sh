@@ -33,11 +33,14 @@ if [[ "${1:-download}" == "install" ]]; then
     rm -rf "$SITE"
     mkdir -p "$SITE"
     if "$PYTHON" -m pip --version >/dev/null 2>&1; then
-        "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl
+        "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
     else
         # A wheel is a zip of its site-packages files: unpacking one is installing it (none of these has scripts).
         for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
     fi
+    # Bytecode, as pip writes it at install: the device sets PYTHONDONTWRITEBYTECODE, so without this every process
+    # compiled torchao's and the checkout's sources again (seconds of each run's set-up that a user never pays).
+    "$PYTHON" -m compileall -q -j 0 "$SITE" autotune >/dev/null 2>&1 || true
     echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE; run with PYTHONPATH=$SITE:."
     exit 0
 fi
