@@ -311,15 +311,15 @@ def gemm_markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 def markdown(results: dict[str, Any]) -> str:
     """The results as markdown: what was measured where, then a table per run, then the GEMMs."""
-    env = results.get("environment", {})
-    lines = [
+    env, command = results.get("environment", {}), results.get("command", "")
+    measured = (
         f"Measured {results.get('date', '?')} on {env.get('device', 'no CUDA device')} (driver "
         f"{env.get('driver') or '?'}), torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, torchao "
-        f"{env.get('torchao', '?')}, transformers {env.get('transformers', '?')}.",
-        "",
-        f"Command: `{results.get('command', '')}`",
-        "",
-    ]
+        f"{env.get('torchao', '?')}, transformers {env.get('transformers', '?')}."
+    )
+    if command.startswith("python bench/gpu.py table"):  # nothing is measured here: each summary names its machine
+        measured = f"Runs already made, as their summary.json files hold them (rendered {results.get('date', '?')})."
+    lines = [measured, "", f"Command: `{command}`", ""]
     for run in results.get("runs", []):
         lines += run_markdown(run)
     lines += gemm_markdown(results["gemm"]) if results.get("gemm") else []
