@@ -14,7 +14,7 @@ from autotune.config import TuneConfig
 from autotune.data import load_dataset
 from autotune.harness import Evaluator, SetupError, load_model, prepare_backend, search_space, with_runtime_shares
 from autotune.metrics import check_labels
-from autotune.model import LoadedModel
+from autotune.model import LoadedModel, factory_module
 from autotune.plan import PRECISIONS, Plan
 from autotune.search.space import SearchSpace
 from autotune.store import TrialStore
@@ -27,6 +27,7 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
         SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a
             backend cannot build a searched layer).
     """
+    factory_module.cache_clear()  # this analysis calls the factory afresh, once
     try:
         backend = get_backend(config.backend, config.model)
         model = load_model(config)

@@ -194,11 +194,13 @@ def export_torch(factory: str, inputs: Sequence[InputSpec], out_path: Path, opse
 
 @functools.cache
 def factory_module(factory: str) -> Any:
-    """The module a ``model.torch`` factory returns, in eval mode, made once per process; callers must not change it.
+    """The module a ``model.torch`` factory returns, in eval mode, made once per analysis; callers must not change it.
 
     The run's process exports it for the layer table and binds the layers to it; calling the factory twice loaded
-    or initialised every weight twice (6-9 s of the BERT-large-shaped encoder's set-up). The trial process makes
-    its own, so a factory whose weights differ between calls is still caught there.
+    or initialised every weight twice (6-9 s of the BERT-large-shaped encoder's set-up). ``analyze`` and
+    ``TrialRunner`` clear the cache when they start, so each analysis calls the factory afresh (its code or its
+    checkpoint may have changed in a long-lived process), and a factory whose weights differ between calls is still
+    caught by the trial process's binding.
     """
     return resolve_callable(factory)().eval()
 

@@ -459,9 +459,26 @@ def test_shape_inference_that_stops_early_leaves_no_file_in_the_working_director
     assert [layer.name for layer in layers] and list(tmp_path.iterdir()) == []
 
 
-def test_the_run_makes_a_factorys_module_once_in_eval_mode():
-    from autotune.model import factory_module
+FACTORY_CALLS: list[int] = []
 
-    factory_module.cache_clear()
-    module = factory_module("autotune.testing:tiny_torch_mlp")
-    assert factory_module("autotune.testing:tiny_torch_mlp") is module and not module.training
+
+def counted_mlp():
+    """``autotune.testing.tiny_torch_mlp``, counting its calls."""
+    from autotune.testing import tiny_torch_mlp
+
+    FACTORY_CALLS.append(1)
+    return tiny_torch_mlp()
+
+
+def test_an_analysis_calls_the_factory_once_for_the_export_and_the_binding_and_the_next_calls_it_again(tmp_path):
+    from autotune.api import analyze
+    from autotune.model import factory_module
+    from autotune.testing import tiny_torch_config
+
+    config = tiny_torch_config(tmp_path)
+    config = config.model_copy(update={"model": config.model.model_copy(update={"torch": f"{__name__}:counted_mlp"})})
+    FACTORY_CALLS.clear()
+    analyze(config)  # exports the module, then binds the layers to it
+    assert len(FACTORY_CALLS) == 1 and not factory_module(f"{__name__}:counted_mlp").training
+    analyze(config)  # the export is cached; the binding's module is made afresh for this analysis
+    assert len(FACTORY_CALLS) == 2

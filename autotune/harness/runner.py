@@ -26,6 +26,7 @@ from autotune.harness.prepare import (
 )
 from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side_by_side
 from autotune.metrics import fidelity, score
+from autotune.model import factory_module
 from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE, lower
@@ -88,6 +89,7 @@ class TrialRunner:
 
     def __init__(self, config: TuneConfig, gate: Callable[[], None] | None = None):
         self.config = config
+        factory_module.cache_clear()  # this runner calls the factory afresh, once
         stage = Stages()
         self.setup_stages_s = stage.seconds
         """Wall seconds of each stage of this runner's set-up (``Stages``), for the run's summary."""
