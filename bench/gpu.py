@@ -108,8 +108,7 @@ def parse_knobs(items: list[str]) -> dict[str, Any]:
     """
     import yaml
 
-    malformed = [item for item in items if "=" not in item]
-    if malformed:
+    if malformed := [item for item in items if "=" not in item]:
         raise ValueError(f"knobs {malformed} must look like name=value")
     return {name.strip(): yaml.safe_load(raw) for name, raw in (item.split("=", 1) for item in items)}
 
@@ -222,11 +221,12 @@ def tune_table(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_times(store_path: Path) -> dict[str, Any]:
-    """The build seconds of a run's own trials (not imported ones): fewest, most, and the compile share."""
+    """The build seconds of a run's own trials (not imported ones): fewest, most, the compile share; its set-up."""
+    from autotune.runmeta import RunMeta
     from autotune.store import TrialStore
 
     with TrialStore(store_path) as store:
-        imported = store.imported()
+        imported, meta = store.imported(), RunMeta.read(store)  # a run cut before its summary has its set-up here
         trials = [trial for trial in store.trials() if trial.plan_hash not in imported and trial.build_s > 0]
     staged = [trial for trial in trials if trial.build_stages_s]  # where the backend says where the time went
     compile_s = sum(trial.build_stages_s.get(stage, 0.0) for trial in staged for stage in COMPILE_STAGES)
@@ -235,6 +235,7 @@ def build_times(store_path: Path) -> dict[str, Any]:
         "build_min_s": min((trial.build_s for trial in trials), default=None),
         "build_max_s": max((trial.build_s for trial in trials), default=None),
         "compile_share": compile_s / sum(trial.build_s for trial in staged) if staged else None,
+        **{"setup_s": meta.setup_s, "setup_stages_s": meta.setup_stages_s},
     }
 
 
@@ -268,10 +269,11 @@ def run_markdown(run: dict[str, Any]) -> list[str]:
         parts = [f"{t} {_cell(f['ratio'], '.2f', 'x')} ({f['one_liner'] or 'none'})" for t, f in run["ratios"].items()]
         budget = _cell(run.get("accuracy_budget"), "g")
         lines.append(f"Winner over the fastest one-liner within the budget ({budget}): {', '.join(parts)}.")
-    if run.get("setup_s") is not None:
-        stages = ", ".join(f"{stage} {s:.1f} s" for stage, s in (run.get("setup_stages_s") or {}).items())
-        lines.append(f"Set-up: {run['setup_s']:.1f} s" + (f" ({stages})." if stages else "."))
     times = run.get("build_times") or {}
+    setup = run if run.get("setup_s") is not None else times
+    if setup.get("setup_s") is not None:
+        stages = ", ".join(f"{stage} {s:.1f} s" for stage, s in (setup.get("setup_stages_s") or {}).items())
+        lines.append(f"Set-up: {setup['setup_s']:.1f} s" + (f" ({stages})." if stages else "."))
     builds = run["builds"] if run.get("builds") is not None else times.get("trials")
     if builds and times.get("build_min_s") is not None:
         spread = f"{times['build_min_s']:.1f}-{_cell(times.get('build_max_s'), '.1f')} s"
@@ -425,10 +427,9 @@ def run_plans(record: dict[str, Any], args: argparse.Namespace, results: dict[st
         timings = {"latency_ms": timed.reference_latency_ms, "back_to_back_ms": timed.reference_back_to_back_ms}
         fp32 = dataclasses.replace(timed, speedup=1.0, accuracy_drop=0.0, **timings)
         record["rows"].append(result_row("FP32", fp32, budget))
-    for name, plan in entries:
-        record["rows"].append(
-            failure_row(name, plan) if isinstance(plan, str) else result_row(name, found[name], budget)
-        )
+    for name, plan in entries:  # a spec that did not resolve is a row of its error
+        row = failure_row(name, plan) if isinstance(plan, str) else result_row(name, found[name], budget)
+        record["rows"].append(row)
     one_liners = {name: found[name] for name in names}
     winner = fastest_within({name: result for name, result in found.items() if name not in one_liners}, budget)
     record["winner_plan"] = None if winner is None else f"{winner}: {found[winner].plan.describe()}"
@@ -468,11 +469,10 @@ def gemm_kernels(m: int, k: int, n: int) -> dict[str, Callable[[], Any]]:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
     x8, w8 = (x / 8).to(fp8), (w * 8).to(fp8)
-    one = torch.ones((), device="cuda")
     row_a, col_b = torch.full((m, 1), 0.125, device="cuda"), torch.full((1, n), 0.125, device="cuda")
     xi = torch.randint(-128, 127, (m, k), device="cuda", dtype=torch.int8)
     wi = torch.randint(-128, 127, (n, k), device="cuda", dtype=torch.int8)
-    act_scale = torch.tensor(0.05, device="cuda")
+    one, act_scale = torch.ones((), device="cuda"), torch.tensor(0.05, device="cuda")
 
     def fp8_rowwise_quant() -> Any:
         q = torch.clamp(x / act_scale, -448.0, 448.0).to(fp8)

@@ -208,10 +208,17 @@ def _store_with_builds(path: Path) -> None:
         store.put_imported(imported, "an earlier run")
 
 
-def test_build_times_are_the_runs_own_builds_and_their_compile_share(tmp_path):
+def test_build_times_are_the_runs_own_builds_and_their_compile_share_and_the_store_keeps_the_set_up(tmp_path):
+    from autotune.runmeta import RunMeta
+
     _store_with_builds(tmp_path / "trials.sqlite")
     times = gpu.build_times(tmp_path / "trials.sqlite")
-    assert times == {"trials": 2, "build_min_s": 10.0, "build_max_s": 20.0, "compile_share": pytest.approx(20 / 30)}
+    builds = {"trials": 2, "build_min_s": 10.0, "build_max_s": 20.0, "compile_share": pytest.approx(20 / 30)}
+    assert times == {**builds, "setup_s": None, "setup_stages_s": {}}  # no set-up recorded yet
+    with TrialStore(tmp_path / "trials.sqlite") as store:  # a run cut after its set-up, before its summary
+        RunMeta.write(store, setup_s=55.0, setup_stages_s={"analyze": 20.0})
+    run = {"config": "cut", "kind": "tune", "rows": [], "build_times": gpu.build_times(tmp_path / "trials.sqlite")}
+    assert "Set-up: 55.0 s (analyze 20.0 s)." in gpu.run_markdown(run)
 
 
 def test_tune_runs_each_config_and_writes_its_rows_after_every_run(tmp_path, config_file, quiet, monkeypatch):
