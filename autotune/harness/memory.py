@@ -10,7 +10,6 @@ config key ``from_runs``). A run with another key is refused with the fields tha
 from __future__ import annotations
 
 import json
-import os
 import platform
 from collections.abc import Sequence
 from importlib import metadata
@@ -23,7 +22,7 @@ from autotune.data import load_dataset
 from autotune.harness.evaluator import Evaluator
 from autotune.model import LoadedModel
 from autotune.plan import GRANULARITY_KNOB
-from autotune.quant.calibrate import data_hash
+from autotune.quant.calibrate import data_hash, usable_cores
 from autotune.search.prior import PriorInputs
 from autotune.search.space import SearchSpace
 from autotune.store import TrialStore
@@ -78,11 +77,10 @@ def machine_identity(config: TuneConfig) -> dict[str, Any]:
     One CPU model name covers CPUs with and without VNNI (``AMD EPYC``, a VM's generic name), whose INT8 kernels
     differ in speed and in what they compute: trials of one are no evidence about the other.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": _cpu_model(),
         "isa": list(isa_features()),
-        "cores": cores,
+        "cores": usable_cores(),
         "gpu": _gpu_name(config),
         "system": platform.system(),
     }
