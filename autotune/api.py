@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,16 @@ from autotune.search.space import SearchSpace
 from autotune.store import TrialStore
 
 
-def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, SearchSpace]:
+def analyze(
+    config: TuneConfig, profile: bool = True, model_ready: Callable[[], None] | None = None
+) -> tuple[LoadedModel, SearchSpace]:
     """Loads the model, profiles its FP32 runtime per layer, and builds the search space.
+
+    Args:
+        config: The run's config.
+        profile: Time each layer's share of FP32 runtime where the backend can.
+        model_ready: Called once the model's ONNX file exists and the profile is timed, before the rest of the
+            analysis (the device's capabilities, the binding): ``tune`` lets its trial process read the model there.
 
     Raises:
         SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a
@@ -31,7 +40,7 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
     try:
         backend = get_backend(config.backend, config.model)
         model = load_model(config)
-        if profile:
+        if profile and backend.profiles:
             feeds = load_dataset(config.data.evaluation, model.inputs, "evaluation", config.seed).batches[0]
             try:
                 model = with_runtime_shares(model, backend, feeds)
@@ -42,6 +51,8 @@ def analyze(config: TuneConfig, profile: bool = True) -> tuple[LoadedModel, Sear
                 ) from error
     except (ValueError, OSError) as error:
         raise SetupError(str(error)) from error
+    if model_ready is not None:
+        model_ready()
     space = search_space(config, model, backend)
     prepare_backend(backend, model, space)  # a layer the backend cannot build fails here, before a run directory
     return model, space

@@ -28,9 +28,10 @@ class RunMeta:
             resumed run): the model's analysis and export, the trial process's preparation (calibration, the FP32
             reference) and the timing self-check.
         setup_stages_s: Where ``setup_s`` went, stage to seconds. The trial process's own stages are prefixed
-            ``trial_process.``: it starts with the run, loads its backend (``trial_process.backend``) while the run
-            analyses the model, then waits for the run (``trial_process.waiting_for_the_run``); ``trial_process``
-            is the run's wait for it from then on.
+            ``trial_process.``: it starts with the run, loads its backend (``trial_process.backend``, then
+            ``trial_process.load_ahead``) while the run analyses the model, and waits for the run
+            (``trial_process.waiting_for_the_run``) until the model's file exists (``analyze.model``, the part of
+            ``analyze`` until then); ``trial_process`` is the run's wait for it after the analysis.
     """
 
     strategy: str | None = None

@@ -333,8 +333,15 @@ def tune(
     try:
         # Model, backend, search space and data are checked before the run directory exists: a run that cannot
         # start leaves nothing behind that a resume would trust.
+        analysis_started = time.perf_counter()
+
+        def model_ready() -> None:  # the trial process reads the model once its file exists, beside the analysis
+            stage.seconds["analyze.model"] = time.perf_counter() - analysis_started
+            if trial_process is not None:
+                trial_process.release()
+
         with stage("analyze"):
-            model, space = analyze(config)
+            model, space = analyze(config, model_ready=model_ready)
         with stage("check_data"):
             check_data(config, model)
             _check_request(config, space, strategy)

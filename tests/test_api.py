@@ -149,3 +149,32 @@ def test_a_plan_file_of_another_model_is_refused_not_run_as_fp32(analyzed, tmp_p
     path.write_text(Plan.make({"conv1": "int8", "fc2": "int8"}).to_json())
     with pytest.raises(SetupError, match=r"other.json: unknown layers \['conv1'\]"):
         resolve_plan(str(path), space)
+
+
+def test_analyze_lets_the_trial_process_read_the_model_once_its_file_exists_before_the_rest_fails(tmp_path):
+    config = tiny_config(tmp_path)
+    calls: list[bool] = []
+    search = config.search.model_copy(update={"knobs": {"no_such_knob": [1]}})
+    with pytest.raises(SetupError, match="no_such_knob"):  # the search space comes after the model is ready
+        analyze(config.model_copy(update={"search": search}), model_ready=lambda: calls.append(True))
+    assert calls == [True]
+    (tmp_path / "tiny.onnx").write_bytes(b"not onnx")
+    with pytest.raises(SetupError):
+        analyze(config, model_ready=lambda: calls.append(True))
+    assert calls == [True]  # a model that does not load is never handed on
+
+
+def test_analyze_reads_the_evaluation_data_only_for_a_backend_that_profiles(tmp_path):
+    from autotune.testing import tiny_torch_config
+
+    for config in (tiny_config(tmp_path / "ort"), tiny_torch_config(tmp_path / "torch")):
+        evaluation = Path(config.data.evaluation.npz)
+        evaluation.rename(evaluation.with_suffix(".away"))  # analyze fails where it loads the split
+        backend_profiles = config.backend.name == "onnxruntime"
+        if backend_profiles:
+            with pytest.raises(SetupError, match="evaluation"):
+                analyze(config)
+        else:
+            model, _ = analyze(config)  # the torch backend times no layers: the data waits for check_data
+            with pytest.raises(SetupError, match="evaluation"):
+                check_data(config, model)

@@ -67,9 +67,20 @@ class Backend(ABC):
     it built at set-up. False where two builds differ in what timing shows (two ONNX Runtime sessions have a
     thread pool each, and the self-check is there to see them share the cores)."""
 
+    profiles: ClassVar[bool] = False
+    """True where ``profile`` times each layer; False spares the run's analysis loading data for it."""
+
     @abstractmethod
     def capabilities(self) -> Capabilities:
         """Precisions per op type and knobs, read from the installed runtime and device."""
+
+    def load_ahead(self) -> None:
+        """Loads what needs neither the model's ONNX file nor the run (nothing by default).
+
+        A trial process started with the run calls it before it waits for the run's model: whatever it loads here
+        is off the set-up's critical path, done while the run exports the model.
+        """
+        return None
 
     def prepare(self, model: LoadedModel, searched: Sequence[str]) -> None:
         """Takes the run's model once, before any build.
@@ -161,7 +172,7 @@ class Backend(ABC):
         return None
 
     def profile(self, model: LoadedModel, feeds: Mapping[str, np.ndarray]) -> dict[str, float] | None:
-        """Each layer's share of FP32 runtime, or None when the backend cannot profile per layer."""
+        """Each layer's share of FP32 runtime, or None when the backend cannot profile per layer (``profiles``)."""
         return None
 
     @abstractmethod

@@ -139,6 +139,7 @@ class OnnxRuntimeCPU(GraphBackend):
     """
 
     name = "onnxruntime"
+    profiles = True
 
     def __init__(self, intra_op_threads: int = 2):
         import onnxruntime  # noqa: F401 - fail at construction if missing

@@ -275,7 +275,10 @@ class ChildRunner:
         """Lets a gated process go on to prepare the run; nothing for one that is not gated, or was let go."""
         if self._gated:
             self._gated = False
-            self._connection.send(GO)
+            try:
+                self._connection.send(GO)
+            except OSError:  # it ended before the go-ahead (its set-up failed): ``await_ready`` reads its answer
+                pass
 
     def stop(self) -> None:
         """Kills the child process."""

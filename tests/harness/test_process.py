@@ -59,3 +59,16 @@ def test_a_trial_process_started_with_the_run_reads_the_model_only_once_the_run_
     status, result = child.request("trial", (space.uniform("int8").to_dict(), "evaluation", None), timeout_s=120)
     child.stop()
     assert status == "result" and result["status"] == "ok"
+
+
+def test_a_trial_process_whose_backend_fails_before_the_go_ahead_stops_the_run_with_its_line(tmp_path):
+    from autotune.harness import Evaluator
+
+    config = tiny_config(tmp_path)
+    config = config.model_copy(update={"backend": config.backend.model_copy(update={"name": "torch"})})
+    child = Evaluator.start_early(config)  # the torch backend needs model.torch: it fails while loading
+    assert child is not None
+    child._process.join(120)  # it has answered, and ended
+    child.release()  # the run's go-ahead to a process that has ended is no error of its own
+    with pytest.raises(SetupError, match="model.torch"):
+        child.await_ready()

@@ -105,3 +105,58 @@ def test_the_fp32_plan_is_built_anew_on_onnxruntime_and_is_the_reference_on_torc
     torch_runner = TrialRunner(tiny_torch_config(tmp_path / "torch"))
     assert torch_runner.build(torch_runner.space.uniform("fp32"), tmp_path) is torch_runner.reference
     assert torch_runner.build(torch_runner.space.uniform("int8"), tmp_path) is not torch_runner.reference
+
+
+def test_a_gated_torch_runner_makes_the_factorys_module_before_it_waits_and_not_again(tmp_path):
+    from autotune.model import factory_module
+    from autotune.testing import tiny_torch_config
+
+    config = tiny_torch_config(tmp_path)
+    made_before_the_go_ahead = []
+    runner = TrialRunner(config, gate=lambda: made_before_the_go_ahead.append(factory_module.cache_info().currsize))
+    assert made_before_the_go_ahead == [1]
+    assert runner.setup_stages_s["load_ahead"] > 0
+    assert factory_module.cache_info().misses == 1  # the binding used the module made ahead
+
+
+def test_calibration_runs_beside_the_fp32_build_and_the_fp32_builds_error_is_the_one_reported(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from autotune.backends import BuildError
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+    from autotune.harness import SetupError
+    from autotune.harness import runner as runner_module
+
+    config = tiny_config(tmp_path)
+    calibrated = runner_module.calibrate_ranges
+    seen = {}
+    fp32_built = threading.Event()
+
+    def calibrate(*args):
+        seen["during_the_fp32_build"] = not fp32_built.is_set()
+        return calibrated(*args)
+
+    real_build = OnnxRuntimeCPU.build
+
+    def slow_build(self, plan, quantization, workdir):
+        time.sleep(1.0)  # long enough for calibration to have started beside it
+        artifact = real_build(self, plan, quantization, workdir)
+        fp32_built.set()
+        return artifact
+
+    monkeypatch.setattr(runner_module, "calibrate_ranges", calibrate)
+    monkeypatch.setattr(OnnxRuntimeCPU, "build", slow_build)
+    runner = TrialRunner(config)
+    assert seen == {"during_the_fp32_build": True} and runner.calibration.stats
+
+    def failing_calibration(*args):
+        raise SetupError("calibration failed: it would hide the cause")
+
+    def failing_build(self, plan, quantization, workdir):
+        raise BuildError("an operator it lacks")
+
+    monkeypatch.setattr(runner_module, "calibrate_ranges", failing_calibration)
+    monkeypatch.setattr(OnnxRuntimeCPU, "build", failing_build)
+    with pytest.raises(SetupError, match="the FP32 model does not build on onnxruntime: an operator it lacks"):
+        TrialRunner(config)

@@ -54,6 +54,18 @@ def test_no_cuda_says_how_to_run_on_the_cpu_when_the_probe_answers(monkeypatch):
         backend.capabilities()
 
 
+def test_loading_ahead_makes_the_factorys_module_and_reads_the_capabilities(monkeypatch):
+    from concurrent.futures import Future
+
+    probe: Future = Future()
+    probe.set_result(DeviceInfo("cpu", "2.13.0+cpu", ops=frozenset({"fp16"})))
+    monkeypatch.setattr(backend_module, "probe_in_background", lambda device: probe)
+    backend = TorchBackend(FACTORY, backend_module.TorchOptions(device="cpu"))
+    assert backend._fp32 is None and backend._capabilities is None  # the run's process makes them when asked
+    backend.load_ahead()
+    assert backend._fp32 is not None and backend._capabilities is not None
+
+
 # ---- a trial end to end on the CPU --------------------------------------------------------------------------
 
 
