@@ -29,8 +29,9 @@ def analyze(
     Args:
         config: The run's config.
         profile: Time each layer's share of FP32 runtime where the backend can.
-        model_ready: Called once the model's ONNX file exists and the profile is timed, before the rest of the
-            analysis (the device's capabilities, the binding): ``tune`` lets its trial process read the model there.
+        model_ready: Called once the model is loaded (exported to its ONNX file first where needed) and profiled,
+            before the rest of the analysis (the device's capabilities, the binding): ``tune`` lets its trial
+            process read the model there.
 
     Raises:
         SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a

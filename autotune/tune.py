@@ -22,6 +22,7 @@ from autotune.harness.memory import (
     store_prior_inputs,
 )
 from autotune.harness.prepare import Stages
+from autotune.harness.process import ChildRunner
 from autotune.harness.selfcheck import (
     check_confirmation_timing,
     check_search_timing,
@@ -31,6 +32,7 @@ from autotune.harness.selfcheck import (
     summary_fields,
     with_measured_noise,
 )
+from autotune.model import LoadedModel
 from autotune.monitor import RunMonitor
 from autotune.plan import INT8_SCHEME_KNOB, PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
@@ -333,15 +335,7 @@ def tune(
     try:
         # Model, backend, search space and data are checked before the run directory exists: a run that cannot
         # start leaves nothing behind that a resume would trust.
-        analysis_started = time.perf_counter()
-
-        def model_ready() -> None:  # the trial process reads the model once its file exists, beside the analysis
-            stage.seconds["analyze.model"] = time.perf_counter() - analysis_started
-            if trial_process is not None:
-                trial_process.release()
-
-        with stage("analyze"):
-            model, space = analyze(config, model_ready=model_ready)
+        model, space = _analyze(config, trial_process, stage)
         with stage("check_data"):
             check_data(config, model)
             _check_request(config, space, strategy)
@@ -373,6 +367,19 @@ def tune(
             trial_process.stop()  # the evaluator stopped it already, unless the run ended before one took it
     write_json(run.summary, summary)
     return summary
+
+
+def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stages) -> tuple[LoadedModel, SearchSpace]:
+    """``analyze`` as stage ``analyze``; the trial process reads the model once it is loaded, beside the rest."""
+    started = time.perf_counter()
+
+    def model_ready() -> None:
+        stage.seconds["analyze.model"] = time.perf_counter() - started
+        if trial_process is not None:
+            trial_process.release()
+
+    with stage("analyze"):
+        return analyze(config, model_ready=model_ready)
 
 
 def _check_request(config: TuneConfig, space: SearchSpace, strategy: str) -> None:
