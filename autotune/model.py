@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, shape_inference
+from onnx import numpy_helper
 
 from autotune.extras import MissingExtra
 from autotune.intake import INITIALIZER, Rejection, fold_weight_constants, no_layer_message, weight_slot
@@ -25,6 +25,7 @@ from autotune.optypes import (
     WEIGHTED_OP_TYPES,
     WEIGHTLESS_OP_TYPES,
 )
+from autotune.shapes import infer_shapes_in_place
 from autotune.units import GraphIndex
 
 
@@ -571,7 +572,8 @@ def prepare_model(
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{path} fails the ONNX checker: {error}") from error
-    inferred = shape_inference.infer_shapes(model, data_prop=True)
+    infer_shapes_in_place(model, data_prop=True)
+    inferred = model
     float_ops: dict[str, str] = {}
     layers = build_layer_table(inferred, include_activation_matmuls, float_ops, weight_sources)
     if not layers:

@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.capabilities",
         "autotune.trial",
         "autotune.measure",
+        "autotune.shapes",
     ),
     (
         "autotune.model",

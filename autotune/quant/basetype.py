@@ -22,9 +22,10 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 import onnx
-from onnx import TensorProto, defs, helper, numpy_helper, shape_inference
+from onnx import TensorProto, defs, helper, numpy_helper
 
 from autotune.quant.graphedit import GraphEditor, RewriteError, default_opset
+from autotune.shapes import infer_shapes
 
 BASE_PRECISION_KNOB = "base_precision"
 """The plan knob of the precision the whole graph computes in (graph backends; the torch backend's has the same
@@ -108,7 +109,7 @@ class _BaseTyper(GraphEditor):
         self.base_str = "tensor(bfloat16)" if base == "bf16" else "tensor(float16)"
         self.keep = dict(keep)
         self.opset = default_opset(model)
-        inferred = shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)  # types only: the weights' bytes stay out of it
         self.types: dict[str, int] = {init.name: init.data_type for init in self.graph.initializer}
         for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from autotune.files import atomic_write
+from autotune.shapes import infer_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -378,7 +379,7 @@ def _elem_types(model: onnx.ModelProto, wanted: Iterable[str]) -> dict[str, int]
     missing = [name for name in wanted if name not in declared]
     if missing:
         try:
-            inferred = onnx.shape_inference.infer_shapes(model).graph
+            inferred = infer_shapes(model).graph  # types only: the weights' bytes stay out of it
         except Exception as error:  # noqa: BLE001 - inference failures only cost the FLOAT default below
             logger.debug("shape inference failed (%s); assuming FLOAT for %s", error, missing)
         else:
