@@ -151,7 +151,7 @@ def test_a_plan_file_of_another_model_is_refused_not_run_as_fp32(analyzed, tmp_p
         resolve_plan(str(path), space)
 
 
-def test_analyze_lets_the_trial_process_read_the_model_once_its_file_exists_before_the_rest_fails(tmp_path):
+def test_analyze_lets_the_trial_process_read_the_model_once_it_is_loaded_before_the_rest_fails(tmp_path):
     config = tiny_config(tmp_path)
     calls: list[bool] = []
     search = config.search.model_copy(update={"knobs": {"no_such_knob": [1]}})

@@ -36,13 +36,7 @@ from autotune.backends.torch.device import (
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.layer_probe import TorchLayerProbe
 from autotune.backends.torch.modules import module_choices, rewrite_module
-from autotune.backends.torch.runtime import (
-    TorchArtifact,
-    make_artifact,
-    run_once,
-    time_back_to_back,
-    time_launch,
-)
+from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_back_to_back, time_launch
 from autotune.backends.torch.torchao_linear import TORCHAO, TORCHAO_MODULE, torchao
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
