@@ -573,18 +573,17 @@ def prepare_model(
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{path} fails the ONNX checker: {error}") from error
     infer_shapes_in_place(model, data_prop=True)
-    inferred = model
     float_ops: dict[str, str] = {}
-    layers = build_layer_table(inferred, include_activation_matmuls, float_ops, weight_sources)
+    layers = build_layer_table(model, include_activation_matmuls, float_ops, weight_sources)
     if not layers:
-        raise ModelError(no_layer_message(inferred, path, include_activation_matmuls))
+        raise ModelError(no_layer_message(model, path, include_activation_matmuls))
     return LoadedModel(
-        proto=inferred,
+        proto=model,
         path=path,
         inputs=inputs,
         layers=layers,
-        hash=model_hash(inferred),
-        output_names=[o.name for o in inferred.graph.output],
+        hash=model_hash(model),
+        output_names=[o.name for o in model.graph.output],
         float_ops=float_ops,
     )
 
