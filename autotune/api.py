@@ -29,9 +29,11 @@ def analyze(
     Args:
         config: The run's config.
         profile: Time each layer's share of FP32 runtime where the backend can.
-        model_ready: Called once the model is loaded (exported to its ONNX file first where needed) and profiled,
-            before the rest of the analysis (the device's capabilities, the binding): ``tune`` lets its trial
-            process read the model there.
+        model_ready: Called once the trial process may read the model: where the backend profiles, once the model
+            is loaded and profiled (the trial process would load the same cores the profile times); elsewhere once
+            its ONNX file exists (exported first where needed), so both processes build the layer table at once.
+            Either way before the rest of the analysis (the device's capabilities, the binding); ``tune`` lets its
+            trial process go there.
 
     Raises:
         SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a
@@ -40,8 +42,9 @@ def analyze(
     factory_module.cache_clear()  # this analysis calls the factory afresh, once
     try:
         backend = get_backend(config.backend, config.model)
-        model = load_model(config)
-        if profile and backend.profiles:
+        profiles = profile and backend.profiles
+        model = load_model(config, file_ready=None if profiles else model_ready)
+        if profiles:
             feeds = load_dataset(config.data.evaluation, model.inputs, "evaluation", config.seed).batches[0]
             try:
                 model = with_runtime_shares(model, backend, feeds)
@@ -52,7 +55,7 @@ def analyze(
                 ) from error
     except (ValueError, OSError) as error:
         raise SetupError(str(error)) from error
-    if model_ready is not None:
+    if profiles and model_ready is not None:
         model_ready()
     space = search_space(config, model, backend)
     prepare_backend(backend, model, space)  # a layer the backend cannot build fails here, before a run directory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,27 +21,78 @@ def _flat(outputs: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(o, dtype=np.float64).reshape(o.shape[0], -1) for o in outputs])
 
 
+@dataclass(frozen=True)
+class _Agreement:
+    """Outputs against the reference, per sample and in total: what every fidelity metric is made of.
+
+    Gathered batch by batch, each batch read once in float64: the encoder's outputs (2 x 128 x 128 x 1024 floats a
+    split) took about 1 s per metric when each one concatenated both sides in float64 on its own.
+    """
+
+    dots: np.ndarray
+    norms: np.ndarray
+    reference_norms: np.ndarray
+    same_argmax: np.ndarray
+    noise: float
+    signal: float
+
+    @classmethod
+    def of(cls, outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> _Agreement:
+        if len(outputs) != len(reference):
+            raise MetricError(f"{len(outputs)} output batches against {len(reference)} reference batches")
+        dots, norms, reference_norms, same_argmax = [], [], [], []
+        noise = signal = 0.0
+        for output, expected in zip(outputs, reference, strict=True):
+            a = np.asarray(output, dtype=np.float64).reshape(output.shape[0], -1)
+            b = np.asarray(expected, dtype=np.float64).reshape(expected.shape[0], -1)
+            if a.shape != b.shape:
+                raise MetricError(f"outputs of shape {list(a.shape)} against a reference of {list(b.shape)}")
+            squares = np.einsum("ij,ij->i", b, b)
+            dots.append(np.einsum("ij,ij->i", a, b))
+            norms.append(np.sqrt(np.einsum("ij,ij->i", a, a)))
+            reference_norms.append(np.sqrt(squares))
+            same_argmax.append(a.argmax(axis=1) == b.argmax(axis=1))
+            difference = a - b
+            noise += float(np.einsum("ij,ij->", difference, difference))
+            signal += float(squares.sum())
+        return cls(
+            np.concatenate(dots),
+            np.concatenate(norms),
+            np.concatenate(reference_norms),
+            np.concatenate(same_argmax),
+            noise,
+            signal,
+        )
+
+    @property
+    def cosine(self) -> float:
+        norms = self.norms * self.reference_norms
+        return float(np.mean(np.where(norms > 0, self.dots / np.maximum(norms, 1e-30), 1.0)))
+
+    @property
+    def top1_agreement(self) -> float:
+        return float(np.mean(self.same_argmax))
+
+    @property
+    def snr_db(self) -> float:
+        if self.noise == 0:
+            return SNR_CAP_DB
+        return float(min(SNR_CAP_DB, 10 * np.log10(max(self.signal, 1e-30) / self.noise)))
+
+
 def cosine(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:
     """Mean per-sample cosine similarity to the reference outputs."""
-    a, b = _flat(outputs), _flat(reference)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    dots = (a * b).sum(axis=1)
-    return float(np.mean(np.where(norms > 0, dots / np.maximum(norms, 1e-30), 1.0)))
+    return _Agreement.of(outputs, reference).cosine
 
 
 def top1_agreement(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:
     """Fraction of samples whose arg-max class equals the reference's."""
-    return float(np.mean(_flat(outputs).argmax(axis=1) == _flat(reference).argmax(axis=1)))
+    return _Agreement.of(outputs, reference).top1_agreement
 
 
 def snr_db(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:
     """Signal-to-noise ratio of the outputs against the reference, in dB, capped at ``SNR_CAP_DB``."""
-    a, b = _flat(outputs), _flat(reference)
-    noise = float(((a - b) ** 2).sum())
-    signal = float((b**2).sum())
-    if noise == 0:
-        return SNR_CAP_DB
-    return float(min(SNR_CAP_DB, 10 * np.log10(max(signal, 1e-30) / noise)))
+    return _Agreement.of(outputs, reference).snr_db
 
 
 def top1(outputs: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None) -> float:
@@ -98,12 +150,9 @@ def check_labels(
 
 
 def fidelity(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> dict[str, float]:
-    """Every fidelity metric at once, recorded with each trial."""
-    return {
-        "cosine": cosine(outputs, reference),
-        "top1_agreement": top1_agreement(outputs, reference),
-        "snr_db": snr_db(outputs, reference),
-    }
+    """Every fidelity metric at once, recorded with each trial (the outputs read once for all three)."""
+    agreement = _Agreement.of(outputs, reference)
+    return {"cosine": agreement.cosine, "top1_agreement": agreement.top1_agreement, "snr_db": agreement.snr_db}
 
 
 def score(

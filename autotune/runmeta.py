@@ -30,8 +30,9 @@ class RunMeta:
         setup_stages_s: Where ``setup_s`` went, stage to seconds. The trial process's own stages are prefixed
             ``trial_process.``: it starts with the run, loads its backend (``trial_process.backend``, then
             ``trial_process.load_ahead``) while the run analyses the model, and waits for the run
-            (``trial_process.waiting_for_the_run``) until the run has loaded the model (``analyze.model``, the part
-            of ``analyze`` until then); ``trial_process`` is the run's wait for it after the analysis.
+            (``trial_process.waiting_for_the_run``) until the run has the model (``analyze.model``, the part of
+            ``analyze`` until then: its ONNX file, or the model loaded and profiled where the backend profiles);
+            ``trial_process`` is the run's wait for it after the analysis.
     """
 
     strategy: str | None = None

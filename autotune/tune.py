@@ -370,7 +370,7 @@ def tune(
 
 
 def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stages) -> tuple[LoadedModel, SearchSpace]:
-    """``analyze`` as stage ``analyze``; the trial process reads the model once it is loaded, beside the rest."""
+    """``analyze`` as stage ``analyze``; the trial process reads the model once ``analyze`` hands it on."""
     started = time.perf_counter()
 
     def model_ready() -> None:

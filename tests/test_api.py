@@ -164,6 +164,31 @@ def test_analyze_lets_the_trial_process_read_the_model_once_it_is_loaded_before_
     assert calls == [True]  # a model that does not load is never handed on
 
 
+def test_analyze_hands_the_model_on_at_its_file_unless_the_backend_profiles_it(tmp_path, monkeypatch):
+    from autotune.harness import prepare
+    from autotune.testing import tiny_torch_config
+
+    events: list[str] = []
+    real_prepare = prepare.prepare_model
+
+    def recording_prepare(*args, **kwargs):
+        events.append("layer table")
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "prepare_model", recording_prepare)
+    for config in (tiny_config(tmp_path / "ort"), tiny_torch_config(tmp_path / "torch")):
+        events.clear()
+
+        def ready(config=config):
+            assert prepare.model_file(config).exists()
+            events.append("ready")
+
+        analyze(config, model_ready=ready)
+        # The torch backend times no layers: its trial process builds the layer table beside the run's.
+        expected = ["layer table", "ready"] if config.backend.name == "onnxruntime" else ["ready", "layer table"]
+        assert events == expected, config.backend.name
+
+
 def test_analyze_reads_the_evaluation_data_only_for_a_backend_that_profiles(tmp_path):
     from autotune.testing import tiny_torch_config
 

@@ -153,3 +153,22 @@ def test_score_custom_bad_function():
 def test_score_unknown(name, function):
     with pytest.raises(MetricError, match="unknown metric"):
         score(name, [_a([1.0])], [_a([1.0])], None, function=function)
+
+
+def test_fidelity_reads_batch_by_batch_what_the_concatenated_outputs_give():
+    rng = np.random.default_rng(3)
+    reference = [rng.standard_normal((4, 3, 5)).astype(np.float32) for _ in range(3)]
+    outputs = [(r + 0.1 * rng.standard_normal(r.shape)).astype(np.float32) for r in reference]
+    a = np.concatenate([o.reshape(4, -1) for o in outputs]).astype(np.float64)
+    b = np.concatenate([r.reshape(4, -1) for r in reference]).astype(np.float64)
+    cosines = (a * b).sum(axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    expected = {
+        "cosine": float(cosines.mean()),
+        "top1_agreement": float(np.mean(a.argmax(axis=1) == b.argmax(axis=1))),
+        "snr_db": float(10 * np.log10((b**2).sum() / ((a - b) ** 2).sum())),
+    }
+    assert fidelity(outputs, reference) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(MetricError, match="2 output batches against 3"):
+        fidelity(outputs[:2], reference)
+    with pytest.raises(MetricError, match="shape"):
+        cosine([outputs[0]], [reference[0][:, :2]])

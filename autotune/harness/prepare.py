@@ -70,9 +70,16 @@ def model_file(config: TuneConfig) -> Path:
     return path
 
 
-def load_model(config: TuneConfig) -> LoadedModel:
-    """Loads (or exports) the model and builds its layer table."""
+def load_model(config: TuneConfig, file_ready: Callable[[], None] | None = None) -> LoadedModel:
+    """Loads (or exports) the model and builds its layer table.
+
+    Args:
+        config: The run's config.
+        file_ready: Called once the model's ONNX file exists (exported first where needed), before it is read.
+    """
     path = model_file(config)
+    if file_ready is not None:
+        file_ready()
     return prepare_model(load_onnx(path), path, config_inputs(config) or None, config.model.include_activation_matmuls)
 
 
