@@ -23,7 +23,7 @@ class RunMeta:
         wall_s: Wall seconds of the search so far, summed over resumes.
         cache_hits: Plans the store answered without a build.
         free_knobs: The free knobs the uniform seeds fixed, name to value.
-        fp32_plan_hash: The FP32 plan, confirmed as the reference.
+        fp32_plan_hash: The FP32 reference's plan (``Evaluator.fp32_plan``), confirmed as the FP32 row.
         setup_s: Wall seconds from the command's start to the first build of the search (the latest start of a
             resumed run): the model's analysis and export, the trial process's preparation (calibration, the FP32
             reference) and the timing self-check.
@@ -32,7 +32,9 @@ class RunMeta:
             ``trial_process.load_ahead``) while the run analyses the model, and waits for the run
             (``trial_process.waiting_for_the_run``) until the run has the model (``analyze.model``, the part of
             ``analyze`` until then: its ONNX file, or the model loaded and profiled where the backend profiles);
-            ``trial_process`` is the run's wait for it after the analysis.
+            ``trial_process`` is the run's wait for it after the analysis. ``trial_process.calibration`` is what
+            the calibration took beyond ``trial_process.fp32_build`` where ONNX Runtime calibrates beside the
+            build, and all of it where the backend gathers the statistics on its device after the build.
     """
 
     strategy: str | None = None

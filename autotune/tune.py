@@ -57,7 +57,11 @@ def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: 
 
 
 def finalist_order(
-    trials: Sequence[TrialResult], config: TuneConfig, fp32: Plan, runtime_shares: Mapping[str, float] | None = None
+    trials: Sequence[TrialResult],
+    config: TuneConfig,
+    fp32: Plan,
+    runtime_shares: Mapping[str, float] | None = None,
+    knob_defaults: Mapping[str, KnobValue] | None = None,
 ) -> tuple[list[Plan], dict[str, float]]:
     """A run's measured plans in the order they are confirmed (the first ``confirm.top_k`` are the finalists).
 
@@ -69,19 +73,18 @@ def finalist_order(
     Args:
         trials: The run's trials.
         config: The run's config.
-        fp32: The FP32 plan (its knobs are the defaults, which the model gives no term).
+        fp32: The FP32 reference's plan.
         runtime_shares: Layer name to its share of FP32 runtime (layers the profile did not time left out).
+        knob_defaults: Each knob's default, which the model gives no term, as in the search; None: ``fp32``'s knobs
+            (a backend that builds its reference at other values says so in ``fp32_reference_knobs``).
 
     Returns:
         The plans in order, and each measured plan's expected speedup by hash.
     """
-    expected = (
-        profile_speedups(trials, dict(fp32.knobs), runtime_shares, tuple(fp32.precision_map))
-        if runtime_shares
-        else None
-    )
+    defaults = dict(fp32.knobs) if knob_defaults is None else dict(knob_defaults)
+    expected = profile_speedups(trials, defaults, runtime_shares, tuple(fp32.precision_map)) if runtime_shares else None
     if expected is None:
-        expected = expected_speedups(trials, fit_surrogate(trials, dict(fp32.knobs), ACCURACY_KNOBS))
+        expected = expected_speedups(trials, fit_surrogate(trials, defaults, ACCURACY_KNOBS))
     order = [r.plan for r in confirmation_order(trials, config, expected) if r.plan_hash != fp32.hash]
     return order, expected
 
@@ -94,6 +97,7 @@ def confirm_finalists(
     one_liners: Sequence[Plan] = (),
     runtime_shares: Mapping[str, float] | None = None,
     rounds: int | None = None,
+    knob_defaults: Mapping[str, KnobValue] | None = None,
 ) -> list[TrialResult]:
     """Confirms the ``confirm.top_k`` best bets, FP32 and the backend's one-liners side by side, in the same rounds.
 
@@ -105,7 +109,7 @@ def confirm_finalists(
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
-    order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares)
+    order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares, knob_defaults)
     top_k = config.confirm.top_k
     finalists = [*order[:top_k], fp32]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
@@ -415,7 +419,7 @@ def _search_and_confirm(
     """
     store = evaluator.store
     wall_before = RunMeta.read(store).wall_s
-    fp32 = space.uniform("fp32")
+    fp32 = evaluator.fp32_plan()  # the reference's own plan: the self-checks time the reference against itself
     with stage("timing_self_check"):
         search_check = check_search_timing(evaluator, store, fp32)
     RunMeta.write(store, setup_s=time.time() - started, setup_stages_s=dict(stage.seconds))
@@ -433,7 +437,8 @@ def _search_and_confirm(
     RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)
     shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
     one_liners = one_liner_plans(evaluator, space.layer_names)
-    confirm_finalists(evaluator, store, config, fp32, one_liners, shares, confirmation_rounds(config, search_check))
+    rounds = confirmation_rounds(config, search_check)
+    confirm_finalists(evaluator, store, config, fp32, one_liners, shares, rounds, dict(space.plan().knobs))
     # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
     # resume) can outrank this run's finalists.
     summary = export_ranked(run, config, evaluator, store)

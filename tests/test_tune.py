@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from autotune.api import analyze
 from autotune.capabilities import Capabilities, Knob
 from autotune.config import ConfigError, dump_config, load_config
+from autotune.harness.evaluator import Evaluator
 from autotune.plan import Plan
 from autotune.search.driver import Driver
 from autotune.store import TrialStore
@@ -552,6 +553,29 @@ def test_a_run_times_fp32_against_itself_before_the_search_and_in_the_confirmati
     assert sum(v for k, v in stages.items() if not k.startswith("trial_process.")) <= summary["setup_s"]
     inner = sum(v for k, v in stages.items() if k.startswith("trial_process."))
     assert 0 < inner <= stages["trial_process"] and summary["setup_s"] <= summary["wall_s"]
+
+
+def test_the_self_checks_and_the_fp32_row_time_the_reference_as_built_not_the_searchs_fp32_plan(tmp_path, monkeypatch):
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+
+    monkeypatch.setattr(OnnxRuntimeCPU, "fp32_reference_knobs", lambda self: {"allow_spinning": False})
+    timed = []
+    measure = Evaluator.measure
+    monkeypatch.setattr(
+        Evaluator, "measure", lambda self, plan, *a, **k: timed.append(plan) or measure(self, plan, *a, **k)
+    )
+    confirm = {"top_k": 1, "repeats": 3, "rounds": 2, "self_check": True}
+    # the config searches spinning sessions only: the reference is no plan of the search's space
+    search = {"knobs": {"allow_spinning": [True]}}
+    config = tiny_config(tmp_path, budget={"builds": 2}, confirm=confirm, search=search)
+    summary = tune(config, strategy="random", isolate=False, progress=False)
+    (checked,) = timed  # the search's self-check
+    assert checked.knob("allow_spinning") is False and set(checked.precision_map.values()) == {"fp32"}
+    with TrialStore(config.run_dir / "trials.sqlite") as store:
+        assert store.get_meta("fp32_plan_hash") == checked.hash
+        fp32_row = store.confirmations()[checked.hash]  # the confirmation's FP32 row
+        assert fp32_row.plan == checked and fp32_row.ok
+    assert summary["self_check"]["confirmation"]["ratio"] == pytest.approx(summary["fp32_reference"]["speedup"])
 
 
 def test_resume_on_another_machine_is_refused_in_one_line_naming_what_differs(tmp_path):

@@ -26,6 +26,7 @@ from autotune.quant.recipe import QuantRecipe
 
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
+    from autotune.quant.calibrate import StatisticsCollector
     from autotune.quant.layerwise import LayerProbe
 
 
@@ -52,11 +53,11 @@ class Backend(ABC):
     """Turns plans into engines and runs them.
 
     The harness calls ``prepare`` once per run, then ``build`` per plan (the FP32 reference is the all-FP32
-    plan), ``run``/``time_run`` on what it returns, and ``export`` for the winner. ``references`` names the
-    platform's own one-liners (ONNX Runtime's ``quantize_static``, say), and ``build_reference`` builds one into
-    an artifact that ``run``, ``time_run`` and ``export`` take like any other: the harness measures them beside
-    FP32, so a user sees whether tuning beat what the platform gives in one line. Subclasses import their
-    runtime lazily, so ``import autotune`` works without it.
+    plan with ``fp32_reference_knobs``), ``run``/``time_run`` on what it returns, and ``export`` for the winner.
+    ``references`` names the platform's own one-liners (ONNX Runtime's ``quantize_static``, say), and
+    ``build_reference`` builds one into an artifact that ``run``, ``time_run`` and ``export`` take like any other:
+    the harness measures them beside FP32, so a user sees whether tuning beat what the platform gives in one line.
+    Subclasses import their runtime lazily, so ``import autotune`` works without it.
     """
 
     name: ClassVar[str]
@@ -73,6 +74,15 @@ class Backend(ABC):
     @abstractmethod
     def capabilities(self) -> Capabilities:
         """Precisions per op type and knobs, read from the installed runtime and device."""
+
+    def fp32_reference_knobs(self) -> dict[str, KnobValue]:
+        """Knob values the FP32 reference is built with where they differ from the knobs' defaults (none here).
+
+        The reference is the model in FP32, the clock every plan is timed against and the outputs every plan is
+        scored against; what it is built with must exist on the device (``capabilities``), not in the search's
+        space: a config may search compiled builds only, while the reference is built in seconds.
+        """
+        return {}
 
     def load_ahead(self) -> None:
         """Loads what needs neither the model's ONNX file nor the run (nothing by default).
@@ -94,6 +104,13 @@ class Backend(ABC):
         """
         self.model = model
         self.searched = tuple(searched)
+
+    def statistics_collector(self, tensors: Sequence[str]) -> StatisticsCollector | None:
+        """Where this backend gathers the calibration's activation statistics on its own device; None by default.
+
+        None: ONNX Runtime runs the ONNX graph on the CPU, beside the FP32 reference's build.
+        """
+        return None
 
     def references(self) -> tuple[str, ...]:
         """The names of the platform's one-liner engines this backend builds (none by default)."""

@@ -222,6 +222,22 @@ class Evaluator:
                 self.store.put_confirmation(result)
         return results
 
+    def fp32_plan(self) -> Plan:
+        """The plan the trial process built its FP32 reference from (``TrialRunner.fp32_plan``).
+
+        The timing self-checks and the confirmation's FP32 row time this plan, which is the reference itself where
+        the backend ``reuses_fp32_build``.
+
+        Raises:
+            BuildError: The trial process cannot answer.
+        """
+        if self._inline is not None:
+            return self._inline.fp32_plan
+        status, data = self._request("fp32_plan", None)
+        if status != "result":
+            raise BuildError(f"cannot read the FP32 reference's plan: {data}")
+        return Plan.from_dict(data)
+
     def references(self) -> tuple[str, ...]:
         """The backend's one-liners (``Backend.references``), as the trial process's backend offers them."""
         if self._inline is not None:

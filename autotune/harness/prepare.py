@@ -20,7 +20,7 @@ from autotune.config import TuneConfig
 from autotune.data import Dataset
 from autotune.model import InputSpec, LoadedModel, export_torch, load_onnx, prepare_model
 from autotune.plan import CALIBRATION_KNOB, Plan
-from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, calibrate
+from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, StatisticsCollector, calibrate
 from autotune.quant.layerwise import LAYERWISE, SMOOTHING, LayerwiseChoices, choose_layer_methods
 from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import QuantRecipe
@@ -116,12 +116,35 @@ def prepare_backend(backend: Backend, model: LoadedModel, space: SearchSpace) ->
         raise SetupError(str(error)) from error
 
 
-def calibrate_ranges(config: TuneConfig, model: LoadedModel, backend: Backend, data: Dataset) -> Calibration:
-    """Activation statistics of every tensor a quantized layer needs, cached per model and data."""
+def statistics_collector(model: LoadedModel, backend: Backend) -> StatisticsCollector | None:
+    """The backend's own collection of the tensors the calibration needs (``Backend.statistics_collector``)."""
+    return backend.statistics_collector(required_ranges(model.layers, backend.recipe, model.proto))
+
+
+def calibrate_ranges(
+    config: TuneConfig,
+    model: LoadedModel,
+    backend: Backend,
+    data: Dataset,
+    collector: StatisticsCollector | None = None,
+) -> Calibration:
+    """Activation statistics of every tensor a quantized layer needs, cached per model, data and source.
+
+    ``collector``: the backend's own (``statistics_collector``); None: ONNX Runtime runs the ONNX graph.
+    """
     tensors = required_ranges(model.layers, backend.recipe, model.proto)
     settings = CalibrationSettings(percentile=config.calibration.percentile, num_bins=config.calibration.num_bins)
+    cache = config.cache_dir / "calibration"
     try:
-        return calibrate(model.proto, tensors, data.batches, config.cache_dir / "calibration", model.hash, settings)
+        try:
+            return calibrate(model.proto, tensors, data.batches, cache, model.hash, settings, collector)
+        except ValueError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the device's failure (out of memory, say) costs only time
+            if collector is None:
+                raise
+            log.warning("%s did not gather the calibration (%s); ONNX Runtime runs the model", collector.source, error)
+            return calibrate(model.proto, tensors, data.batches, cache, model.hash, settings)
     except ValueError as error:
         raise SetupError(f"calibration failed: {error}") from error
 

@@ -65,6 +65,8 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
         if kind == "layerwise":
             choices = runner.layerwise
             return "result", None if choices is None else {"methods": choices.methods, "errors": choices.errors}
+        if kind == "fp32_plan":
+            return "result", runner.fp32_plan.to_dict()
         if kind == "references":
             return "result", list(runner.backend.references())
         if kind == "int8_arithmetic":

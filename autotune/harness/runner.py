@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from autotune.harness.prepare import (
     load_model,
     prepare_backend,
     search_space,
+    statistics_collector,
 )
 from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side_by_side
 from autotune.metrics import fidelity, score
@@ -33,6 +35,8 @@ from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE, lower
 from autotune.quant.recipe import QuantRecipe
 from autotune.trial import TrialResult
+
+log = logging.getLogger(__name__)
 
 CONFIRMATION_SPLIT = "holdout"
 """The split the finalists and one-liners are confirmed on (``Evaluator.confirm_side_by_side``)."""
@@ -122,22 +126,29 @@ class TrialRunner:
         self.output_index = self._output_index()
         self._one_liners: dict[str, Any] = {}
         self.pace = ReferencePace()  # every measurement of this process knows the machine's quiet pace
-        # Calibration runs the ONNX graph on ONNX Runtime's CPU threads while the backend builds the FP32 reference
-        # (the encoder's torch.compile and calibration took 13 s and 12 s one after the other on a fresh H200 machine).
-        calibrating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-calibration")
-        calibrated = calibrating.submit(calibrate_ranges, config, self.model, self.backend, calibration_data)
-        calibrating.shutdown(wait=False)
+        # Calibration on ONNX Runtime runs the ONNX graph on the CPU's threads while the backend builds the FP32
+        # reference (the encoder's torch.compile and calibration took 13 s and 12 s one after the other on a fresh
+        # H200 machine). A backend that gathers the statistics on its own device does so after the build: a CUDA
+        # graph's capture fails when another thread launches work on the device meanwhile.
+        collector = statistics_collector(self.model, self.backend)
+        calibrated = None
+        if collector is None:
+            calibrating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-calibration")
+            calibrated = calibrating.submit(calibrate_ranges, config, self.model, self.backend, calibration_data)
+            calibrating.shutdown(wait=False)
         try:  # its error first: calibration runs the FP32 model too, and would fail with a less helpful message
             with stage("fp32_build"):
-                self._fp32_plan = self.space.uniform("fp32")
-                self.reference = self.backend.build(self._fp32_plan, NONE, config.run_dir)
+                self.fp32_plan, self.reference = self._build_fp32_reference()
         except BuildError as error:
             raise SetupError(
                 f"{self.model.path}: the FP32 model does not build on {self.backend.name}: {error}; "
                 f"replace the operator it names, or choose another backend"
             ) from error
-        with stage("calibration"):  # what calibration took beyond the FP32 build
-            self.calibration = calibrated.result()
+        with stage("calibration"):  # on ONNX Runtime: what calibration took beyond the FP32 build
+            if calibrated is not None:
+                self.calibration = calibrated.result()
+            else:
+                self.calibration = calibrate_ranges(config, self.model, self.backend, calibration_data, collector)
         self._calibration_data = calibration_data
         with stage("layerwise"):
             self.use_layerwise(
@@ -155,6 +166,29 @@ class TrialRunner:
                 self.reference_accuracy[split] = self._score(self.reference_outputs[split], split)
             except ValueError as error:  # MetricError: labels that do not fit the metric
                 raise SetupError(f"metric {config.metric.name} cannot score the {split} data: {error}") from error
+
+    def _build_fp32_reference(self) -> tuple[Plan, Any]:
+        """The FP32 plan with the backend's ``fp32_reference_knobs``, and its build.
+
+        Where that build fails (a module whose eager forward cannot be captured in a CUDA graph, say), the FP32
+        plan at the knobs' defaults is the reference, as the search would build it.
+
+        Raises:
+            BuildError: The FP32 plan does not build at the defaults either.
+        """
+        plan = self.space.uniform("fp32", self.backend.fp32_reference_knobs())
+        try:
+            return plan, self.backend.build(plan, NONE, self.config.run_dir)
+        except BuildError as error:
+            default = self.space.uniform("fp32")
+            if default == plan:
+                raise
+            log.warning(
+                "the FP32 reference did not build with %s (%s); it is built as the search builds FP32",
+                plan.knob_map,
+                error,
+            )
+            return default, self.backend.build(default, NONE, self.config.run_dir)
 
     def _output_index(self) -> int:
         wanted = self.config.metric.output
@@ -216,7 +250,7 @@ class TrialRunner:
                     plan.reference, self.calibration_batches, workdir
                 )
             return self._one_liners[plan.reference]
-        if self.backend.reuses_fp32_build and plan.hash == self._fp32_plan.hash:
+        if self.backend.reuses_fp32_build and plan.hash == self.fp32_plan.hash:
             return self.reference
         try:
             quantization = self.quantizations(plan)
@@ -318,7 +352,12 @@ class TrialRunner:
     def _build_and_score(self, plan: Plan, split: str) -> _Scored | TrialResult:
         """The plan's engine and accuracy on ``split``, or its failed result."""
         start = time.perf_counter()
-        problems = self.space.violations(plan) if plan.reference is None else self._reference_problems(plan)
+        if plan == self.fp32_plan:  # the reference's knobs need not be in the search's space (a config may narrow it)
+            problems = []
+        elif plan.reference is None:
+            problems = self.space.violations(plan)
+        else:
+            problems = self._reference_problems(plan)
         if problems:
             return TrialResult.failure(plan, "plan outside the search space: " + "; ".join(problems), split=split)
         try:

@@ -72,6 +72,10 @@ def test_confirmation_stores_finalists_and_one_liners_apart_and_bypasses_the_tri
     assert protocol["rounds"] == evaluator.config.confirm.rounds
 
 
+def test_the_fp32_plan_the_run_times_is_the_one_its_reference_was_built_from(evaluator):
+    assert evaluator.fp32_plan() == evaluator._inline.fp32_plan == evaluator._inline.space.uniform("fp32")
+
+
 def test_a_workers_answer_becomes_a_result_or_a_failure_with_its_message(evaluator):
     space, _ = _plans(evaluator)
     plan = space.uniform("fp32")

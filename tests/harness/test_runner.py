@@ -107,6 +107,40 @@ def test_the_fp32_plan_is_built_anew_on_onnxruntime_and_is_the_reference_on_torc
     assert torch_runner.build(torch_runner.space.uniform("int8"), tmp_path) is not torch_runner.reference
 
 
+def test_the_reference_is_built_with_the_backends_reference_knobs_and_at_the_defaults_where_that_fails(
+    tmp_path, monkeypatch
+):
+    from autotune.backends.base import BuildError
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+    from autotune.harness.process import handle
+
+    monkeypatch.setattr(OnnxRuntimeCPU, "fp32_reference_knobs", lambda self: {"allow_spinning": False})
+    # the config searches spinning sessions only: the reference is no plan of its space, and is measured all the same
+    runner = TrialRunner(tiny_config(tmp_path / "knobs", search={"knobs": {"allow_spinning": [True]}}))
+    assert runner.fp32_plan == runner.space.uniform("fp32", {"allow_spinning": False})
+    assert runner.fp32_plan != runner.space.uniform("fp32")
+    assert runner.space.violations(runner.fp32_plan)
+    protocol = Protocol(warmup=0, repeats=1, rounds=1, settle_s=0.0)
+    assert runner.run(runner.fp32_plan, "evaluation", protocol).ok  # the self-check's and the FP32 row's timing
+    status, answer = handle(runner, "fp32_plan", None)  # what a trial process tells the run
+    assert status == "result" and Plan.from_dict(answer) == runner.fp32_plan
+    assert runner.build(runner.fp32_plan, tmp_path) is not runner.reference  # ONNX Runtime: a second session
+    options = runner.reference.engine.get_session_options()  # what was built is what the plan says
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+    build = OnnxRuntimeCPU.build
+
+    def no_capture(self, plan, quantization, workdir):
+        if plan.knob("allow_spinning") is False:
+            raise BuildError("cannot capture")
+        return build(self, plan, quantization, workdir)
+
+    monkeypatch.setattr(OnnxRuntimeCPU, "build", no_capture)
+    runner = TrialRunner(tiny_config(tmp_path / "fallback"))
+    assert runner.fp32_plan == runner.space.uniform("fp32")
+    assert runner.reference_accuracy  # the run goes on with the reference the search would build
+
+
 def test_a_gated_torch_runner_makes_the_factorys_module_before_it_waits_and_not_again(tmp_path):
     from autotune.model import factory_module
     from autotune.testing import tiny_torch_config

@@ -241,6 +241,34 @@ def test_huge_outlier_coarsens_instead_of_growing_without_bound():
     assert amax(stats, "max") == 1e5
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_update_bins_chunk_by_chunk_as_one_pass_over_the_whole_tensor(dtype):
+    rng = np.random.default_rng(4)
+    first = rng.standard_t(4, 3 * calib._CHUNK + 17).astype(dtype)  # three chunks and a part of one
+    second = (rng.standard_t(3, calib._CHUNK + 5) * 3).astype(dtype)  # larger values: bins are appended
+    stats = TensorStats.from_batch(first, num_bins=2048)
+    stats.update(second)
+
+    width = float(np.abs(first).max()) / 2048
+    length = max(2048, math.ceil(float(np.abs(second).max()) / width))
+    expected = np.zeros(length, dtype=np.int64)
+    for batch, top in ((first, 2048), (second, length)):
+        index = (np.abs(batch).astype(np.float64) / width).astype(np.int64)
+        expected += np.bincount(np.minimum(index, top - 1), minlength=length)
+    assert stats.bin_width == width
+    np.testing.assert_array_equal(stats.hist, expected)
+    both = np.concatenate([first, second])
+    assert (stats.min, stats.max) == (float(both.min()), float(both.max()))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_in_any_chunk_is_rejected(bad):
+    values = np.ones(2 * calib._CHUNK + 3, dtype=np.float32)
+    values[calib._CHUNK + 1] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        TensorStats.from_batch(values)
+
+
 def test_stats_round_trip_through_json():
     stats = TensorStats.from_batch(np.array([-1.5, 0.25, 3.0]), num_bins=16)
     again = TensorStats.from_dict(json.loads(json.dumps(stats.to_dict())))

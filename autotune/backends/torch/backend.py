@@ -47,6 +47,7 @@ from autotune.quant.recipe import TORCH
 
 if TYPE_CHECKING:
     from autotune.model import LoadedModel
+    from autotune.quant.calibrate import StatisticsCollector
 
 NEEDS_FACTORY = (
     "the torch backend needs model.torch: a 'package.module:function' factory; "
@@ -111,8 +112,8 @@ class TorchBackend(Backend):
 
     name = "torch"
     recipe = TORCH
-    # A second compile and capture of the FP32 module cost 6-15 s on the H200 (MiniLM, the encoder) for the same
-    # kernels in the same kind of CUDA graph.
+    # A second build of the FP32 reference would run the same kernels in the same kind of CUDA graph, on a second
+    # copy of the weights on the device (when it was compiled, 6-15 s on the H200 for MiniLM and the encoder).
     reuses_fp32_build = True
 
     def __init__(self, factory: str | None, options: TorchOptions | None = None):
@@ -137,6 +138,7 @@ class TorchBackend(Backend):
         self._built = False
         self._fp32: Any = None
         self._bindings: dict[str, str] = {}
+        self._calls: dict[str, int] = {}
         self._output_shapes: list[tuple[int, ...]] = []
         self.model: LoadedModel | None = None
 
@@ -175,6 +177,18 @@ class TorchBackend(Backend):
             )
         return self._capabilities
 
+    def fp32_reference_knobs(self) -> dict[str, KnobValue]:
+        """The FP32 reference runs eager, replayed from one CUDA graph: no ``torch.compile``.
+
+        Its cold compile was most of a first run's set-up on the H200 (17.8 s for MiniLM at batch 64, 16.8 s for
+        the BERT-large-shaped encoder), where the eager module captured in 0.7-0.9 s and ran 1.08x and 1.02x the
+        compiled one's time. A reference is a clock and the model's own outputs, not a contender: the one-liners
+        (``references``) and the search's plans are compiled. On the CPU every build is eager already.
+        """
+        offered = {knob.name for knob in self.capabilities().knobs}
+        wanted = {MODE_KNOB: "eager", CUDA_GRAPHS_KNOB: True}
+        return {name: value for name, value in wanted.items() if name in offered}
+
     def load_ahead(self) -> None:
         """Makes the factory's module and reads the device's capabilities (a transformers model: 4-9 s on the H200).
 
@@ -206,13 +220,11 @@ class TorchBackend(Backend):
         ]
         module = self.fp32_module()
         paths = set(bind_layers(module, model.layers, ()).values())
+        calls = count_calls(module, list(model.inputs), paths)
         self._bindings = bind_layers(
-            module,
-            model.layers,
-            set(searched),
-            lambda name: weight_array(model.proto, name),
-            count_calls(module, list(model.inputs), paths),
+            module, model.layers, set(searched), lambda name: weight_array(model.proto, name), calls
         )
+        self._calls = calls
         # Only a model that binds is kept: build refuses to run before a successful prepare.
         self.model, self._output_shapes, self.searched = model, output_shapes, tuple(searched)
 
@@ -307,6 +319,27 @@ class TorchBackend(Backend):
         except Exception as error:  # noqa: BLE001 - compile, capture and kernel errors come in many types
             raise BuildError(f"{type(error).__name__}: {error}") from error
 
+    def statistics_collector(self, tensors: Sequence[str]) -> StatisticsCollector | None:
+        """On CUDA, the calibration's statistics from the factory's module on the GPU (``calibration.py``).
+
+        None on the CPU (ONNX Runtime runs the graph, as for every backend) and where a tensor is not the input of a
+        module called once per forward (``module_inputs``).
+        """
+        if not self.info.is_cuda or self.model is None:
+            return None
+        from autotune.backends.torch.calibration import collect_module_statistics, module_inputs
+        from autotune.quant.calibrate import StatisticsCollector
+
+        sources = module_inputs(self.model.layers, self._bindings, self._calls, tensors)
+        if sources is None:
+            return None
+        names = [spec.name for spec in self.model.inputs]
+        module, device = self.fp32_module(), self.device
+        return StatisticsCollector(
+            f"torch:{self.info.name}",
+            lambda batches, num_bins: collect_module_statistics(module, sources, names, device, batches, num_bins),
+        )
+
     def layer_probe(self) -> TorchLayerProbe | None:
         """On CUDA, the layerwise calibration's single-layer evaluations on the GPU (``layer_probe.py``).
 
@@ -344,7 +377,8 @@ class TorchBackend(Backend):
         ``torchao-fp8`` quantizes the BF16 module's Linears with torchao first (``quantize_fp8_dynamic``). The
         module runs the attention its users get (the ``attention`` knob's default: SDPA where transformers would
         pick it, not the eager attention a factory sets for the ONNX export). The CUDA flags other than TF32 are
-        the FP32 reference's (the knob defaults), so the one-liner differs from FP32 only in what its name says.
+        the knob defaults, as the FP32 reference's are, so the one-liner differs from the search's FP32 plan only
+        in what its name says.
         On the CPU it runs eager, as every build there.
 
         Args:

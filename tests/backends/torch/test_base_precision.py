@@ -305,6 +305,24 @@ def test_the_torchao_fp8_one_liner_is_offered_on_fp8_gpus_with_torchao(monkeypat
     assert "torchao-fp8" not in fake.references()
 
 
+def test_the_fp32_reference_runs_eager_in_one_cuda_graph_on_cuda_and_at_the_defaults_on_the_cpu():
+    from autotune.backends.torch import backend as torch_backend
+
+    fake = object.__new__(torch_backend.TorchBackend)
+    fake._info = _cuda((9, 0))
+    fake._capabilities = torch_capabilities(fake.info, ("sdpa", "eager"))
+    assert fake.fp32_reference_knobs() == {"mode": "eager", "cuda_graphs": True}
+    defaults = {knob.name: knob.default for knob in fake.capabilities().knobs}
+    assert defaults["mode"] == "compile"  # the search's FP32 plan compiles; the reference does not
+    assert fake.knob_values(fake.fp32_reference_knobs())["mode"] == "eager"  # offered on the device
+    fake._info = _cuda((9, 0), {"fp16", "bf16"})  # no torch.compile: eager is the only mode anyway
+    fake._capabilities = torch_capabilities(fake.info)
+    assert fake.fp32_reference_knobs() == {"mode": "eager", "cuda_graphs": True}
+    fake._info = DeviceInfo("cpu", "2.11.0+cpu", True, None, "cpu", frozenset({"fp16", "bf16"}))
+    fake._capabilities = torch_capabilities(fake.info)
+    assert fake.fp32_reference_knobs() == {"mode": "eager"}  # no CUDA graphs knob on the CPU
+
+
 # ---- the GPU (skipped without CUDA) -------------------------------------------------------------------------
 
 
