@@ -17,7 +17,8 @@ from autotune.metrics import snr_db
 from autotune.model import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.quant import layerwise, probe
-from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, TensorStats, calibrate
+from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, calibrate
+from autotune.quant.histogram import TensorStats
 from autotune.quant.layerwise import LayerwiseChoices, choose_layer_methods, choose_methods
 from autotune.quant.probe import find_cut
 from autotune.quant.qparams import activation_qparams

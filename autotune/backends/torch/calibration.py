@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autotune.quant.calibrate import TensorStats, merge_batch
+from autotune.quant.calibrate import merge_batch
+from autotune.quant.histogram import TensorStats
 
 if TYPE_CHECKING:
     from autotune.model import Layer
