@@ -228,6 +228,9 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
         "protocol": result.protocol,
         "back_to_back_ms": result.back_to_back_ms,
         "reference_back_to_back_ms": result.reference_back_to_back_ms,
+        # A one-liner's build is the plain compile of the users' module, beside which a trial build's cost reads
+        "build_s": result.build_s,
+        "build_stages_s": result.build_stages_s,
     }
 
 

@@ -42,6 +42,7 @@ import platform
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -165,6 +166,8 @@ def result_row(name: str, result: Any, accuracy_budget: float) -> dict[str, Any]
     row = failure_row(name, result.error, result.status)
     timings = ("latency_ms", "speedup", "back_to_back_ms", "reference_latency_ms", "reference_back_to_back_ms")
     row.update({key: getattr(result, key) for key in (*timings, "accuracy_drop")})
+    # Under 0.05 s nothing was built: the FP32 reference's build reused, or a summary from before builds were kept
+    row["build_s"] = result.build_s if result.build_s >= 0.05 else None
     return {**row, "within_budget": meets_budget(result, accuracy_budget) if result.ok else None}
 
 
@@ -234,6 +237,7 @@ def build_times(store_path: Path) -> dict[str, Any]:
         "trials": len(trials),
         "build_min_s": min((trial.build_s for trial in trials), default=None),
         "build_max_s": max((trial.build_s for trial in trials), default=None),
+        "build_median_s": statistics.median(trial.build_s for trial in trials) if trials else None,
         "compile_share": compile_s / sum(trial.build_s for trial in staged) if staged else None,
         **{"setup_s": meta.setup_s, "setup_stages_s": meta.setup_stages_s},
     }
@@ -256,14 +260,15 @@ def run_markdown(run: dict[str, Any]) -> list[str]:
     """One run's table (``row | one launch ms | back to back ms | drop | within budget``), then its figures."""
     lines = [f"### {run['config']} ({run['kind']})", ""]
     lines += [f"Winner: {run['winner_plan']}", ""] if run.get("winner_plan") else []
-    lines += ["| row | one launch ms | back to back ms | drop | within budget |", "|---|---|---|---|---|"]
+    lines += ["| row | one launch ms | back to back ms | drop | within budget | build s |", "|---|---|---|---|---|---|"]
     for row in run["rows"]:
         if row["status"] != "ok":  # one line: the error's message
-            lines.append(f"| {row['row']} | {row['status']}: {first_line(row.get('error'))} | - | - | - |")
+            lines.append(f"| {row['row']} | {row['status']}: {first_line(row.get('error'))} | - | - | - | - |")
             continue
         within = "-" if row.get("within_budget") is None else ("yes" if row["within_budget"] else "NO")
         timings = f"{_cell(row.get('latency_ms'), '.4f')} | {_cell(row.get('back_to_back_ms'), '.4f')}"
-        lines.append(f"| {row['row']} | {timings} | {_cell(row.get('accuracy_drop'), '.3g')} | {within} |")
+        drop = _cell(row.get("accuracy_drop"), ".3g")
+        lines.append(f"| {row['row']} | {timings} | {drop} | {within} | {_cell(row.get('build_s'), '.1f')} |")
     lines.append("")
     if run.get("ratios"):
         parts = [f"{t} {_cell(f['ratio'], '.2f', 'x')} ({f['one_liner'] or 'none'})" for t, f in run["ratios"].items()]
@@ -277,6 +282,8 @@ def run_markdown(run: dict[str, Any]) -> list[str]:
     builds = run["builds"] if run.get("builds") is not None else times.get("trials")
     if builds and times.get("build_min_s") is not None:
         spread = f"{times['build_min_s']:.1f}-{_cell(times.get('build_max_s'), '.1f')} s"
+        if times.get("build_median_s") is not None:
+            spread += f" (median {times['build_median_s']:.1f} s)"
         share = _cell(None if times.get("compile_share") is None else 100 * times["compile_share"], ".0f", " %")
         lines.append(f"Builds: {builds}, {spread} each; compile {share} of the build time.")
     elif builds:

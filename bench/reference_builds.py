@@ -2,12 +2,17 @@
 
 Usage (on a CUDA machine; MiniLM needs its weights, ``AUTOTUNE_MINILM_DIR`` or the minilm extra):
     python bench/reference_builds.py --out OUT [--factory autotune.examples.minilm:build_module --batch 64] ...
+        [--variant one-liner-bf16 --variant plan-bf16 ...]
 
 Per factory and variant, one fresh process with empty inductor and Triton caches (a model's first run) builds the
-factory's module in FP32 with the users' attention (the backend's knob defaults), as ``TorchBackend`` builds a plan,
-then times it: one launch (median of 50 after 10) and 20 launches back to back (median of 15), CUDA events. Variants:
+factory's module in FP32 (BF16: the -bf16 variants) with the users' attention (the knob defaults), as
+``TorchBackend`` builds a plan, then times it: one launch (median of 50 after 10) and 20 launches back to back
+(median of 15), CUDA events. Variants:
 ``compile`` (``torch.compile`` and a CUDA graph: the reference before 2026-12-04), ``eager-graph`` (eager, one CUDA
-graph: the reference now), ``dynamo-eager`` (``torch.compile(backend="eager")``, a CUDA graph), ``eager-nograph``.
+graph: the reference now), ``dynamo-eager`` (``torch.compile(backend="eager")``, a CUDA graph), ``eager-nograph``;
+and in BF16, ``one-liner-bf16`` (the users' ``.to(torch.bfloat16)`` under ``torch.compile(mode="reduce-overhead")``,
+built as the run's ``torch-bf16`` row is: a plain compile of the module) beside ``plan-bf16`` (the search's all-BF16
+plan: compiled, one CUDA graph), what a trial build costs against a user's compile, both cold.
 Each row also has the largest difference of its outputs from eager's on one evaluation batch. Writes
 ``OUT/reference_builds.json`` and prints a table.
 """
@@ -23,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-VARIANTS = ("eager-graph", "dynamo-eager", "compile", "eager-nograph")
+VARIANTS = ("eager-graph", "dynamo-eager", "compile", "eager-nograph", "one-liner-bf16", "plan-bf16")
 DEFAULT_MODELS = (("autotune.examples.minilm:build_module", 64), ("autotune.examples.encoder:build_module", 128))
 
 
@@ -52,6 +57,10 @@ def measure(variant: str, factory: str, batch: int) -> dict:
         knobs["mode"] = "eager"
     if variant == "eager-nograph":
         knobs["cuda_graphs"] = False
+    if variant.endswith("-bf16"):
+        knobs["base_precision"] = "bf16"
+    if variant == "one-liner-bf16":  # as TorchBackend.build_reference builds torch-bf16
+        knobs["mode"], knobs["cuda_graphs"] = "reduce-overhead", False
     feeds = examples.batches("evaluation", batch_size=batch)[0]
     row: dict = {"variant": variant, "factory": factory, "batch": batch}
     try:
@@ -77,6 +86,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--factory", action="append", help="package.module:function (default MiniLM, encoder)")
     parser.add_argument("--batch", action="append", type=int, help="one per --factory")
+    parser.add_argument("--variant", action="append", choices=VARIANTS, help="default: all")
     parser.add_argument("--one", nargs=3, metavar=("VARIANT", "FACTORY", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -85,7 +95,7 @@ def main() -> None:
     models = list(zip(args.factory, args.batch, strict=True)) if args.factory else list(DEFAULT_MODELS)
     rows = []
     for factory, batch in models:
-        for variant in VARIANTS:
+        for variant in args.variant or VARIANTS:
             caches = tempfile.mkdtemp(prefix="reference-builds-")
             env = {
                 **os.environ,

@@ -200,6 +200,8 @@ def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(t
         assert row["status"] == "ok" and row["error"] is None, (name, row)
         assert row["split"] == "holdout" and row["protocol"] == confirmation
         assert row["speedup"] > 0 and row["accuracy_drop"] is not None
+        assert row["build_s"] > 0  # a one-liner's build, beside which a trial build's cost reads
+    assert summary["winner"]["build_s"] > 0
     assert summary["builds"] == 3  # the one-liners spend no build of the search
     assert summary["winner"]["back_to_back_ms"] is None  # ONNX Runtime has no back-to-back timer
     with TrialStore(config.run_dir / "trials.sqlite") as store:

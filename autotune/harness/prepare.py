@@ -62,11 +62,14 @@ def model_file(config: TuneConfig) -> Path:
     inputs = config_inputs(config)
     if not inputs:
         raise SetupError("model.torch needs inputs: with names, shapes and dtypes to export the module")
-    key = hashlib.sha256(repr((config.model.torch, inputs, config.model.opset)).encode()).hexdigest()[:12]
+    # The torch backend runs the module and reads only its layers from the graph: a trace at two rows will do.
+    batch_free = config.backend.name == "torch"
+    identity = (config.model.torch, inputs, config.model.opset, *(("batch_free",) if batch_free else ()))
+    key = hashlib.sha256(repr(identity).encode()).hexdigest()[:12]
     path = config.cache_dir / "models" / f"{config.model.torch.replace(':', '.')}-{key}.onnx"
     if not path.exists():
         log.info("exporting %s to %s", config.model.torch, path)
-        export_torch(config.model.torch, inputs, path, opset=config.model.opset)
+        export_torch(config.model.torch, inputs, path, opset=config.model.opset, batch_free=batch_free)
     return path
 
 

@@ -346,9 +346,12 @@ def merge_batch(stats: Mapping[str, TensorStats], values: Mapping[str, np.ndarra
         nonfinite = pool.map(_merge, [stats[name] for name in names], [values[name] for name in names])
         failed = [name for name, bad in zip(names, nonfinite, strict=True) if bad]
     if failed:
-        raise ValueError(
-            f"tensor {failed[0]!r} has NaN/Inf values on calibration batch {index}; check the calibration data"
-        )
+        raise nonfinite_error(failed[0], index)
+
+
+def nonfinite_error(tensor: str, index: int) -> ValueError:
+    """The error of a calibration tensor with NaN or Inf values on batch ``index`` (0-based)."""
+    return ValueError(f"tensor {tensor!r} has NaN/Inf values on calibration batch {index}; check the calibration data")
 
 
 def _merge(stats: TensorStats, values: np.ndarray) -> bool:

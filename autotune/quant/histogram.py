@@ -6,7 +6,7 @@ What every calibration range is derived from (``autotune.quant.calibrate``), whi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,17 +101,32 @@ class TensorStats:
         x = x.ravel()
         if x.size == 0:
             return
-        low, high = float(x.min()), float(x.max())  # NaN propagates into both, an infinity into one
+        # Extremes in the tensor's own float type are exact; NaN propagates into both, an infinity into one.
+        self.update_binned(float(x.min()), float(x.max()), x.size, lambda width, length: _bin_counts(x, width, length))
+
+    def update_binned(self, low: float, high: float, size: int, bin_counts: Callable[[float, int], np.ndarray]) -> None:
+        """Merges one batch of ``size`` values, given their extremes and a function that bins them.
+
+        ``update`` on values held elsewhere (a GPU's: ``autotune.backends.torch.calibration``), with the same result.
+
+        Args:
+            low: The batch's smallest value.
+            high: The batch's largest value.
+            size: How many values the batch has (at least one).
+            bin_counts: ``(bin_width, length) -> counts``: how many ``|x|`` fall in each of ``length`` bins, by
+                ``min(trunc(float64(|x|) / bin_width), length - 1)``, as int64; called once, unless every value is 0.
+
+        Raises:
+            ValueError: ``low`` or ``high`` is NaN or infinite.
+        """
         if not (math.isfinite(low) and math.isfinite(high)):
             raise ValueError("values contain NaN or Inf")
-        # Extremes in the tensor's own float type are exact; the bin index below is computed in float64 (a float32
-        # magnitude widens exactly), so the histogram is the same whatever the input's float type.
         self.min = min(self.min, low)
         self.max = max(self.max, high)
         top = max(-low, high)
         if self.bin_width == 0.0:
             if top == 0.0:
-                self.hist[0] += x.size
+                self.hist[0] += size
                 return
             self.bin_width = top / len(self.hist)
             # top sits exactly on the upper edge: no extension, whatever rounding says
@@ -121,17 +136,7 @@ class TensorStats:
             while math.ceil(top / self.bin_width) > limit:
                 self._coarsen()
             length = max(len(self.hist), math.ceil(top / self.bin_width))
-        counts = np.zeros(length, dtype=np.int64)
-        scaled = np.empty(min(_CHUNK, x.size), dtype=np.float64)
-        index = np.empty(len(scaled), dtype=np.int64)
-        for start in range(0, x.size, _CHUNK):
-            part = x[start : start + _CHUNK]
-            magnitudes, bins = scaled[: part.size], index[: part.size]
-            np.abs(part, out=magnitudes)
-            np.divide(magnitudes, self.bin_width, out=magnitudes)
-            bins[...] = magnitudes  # truncation toward zero, as astype(np.int64)
-            np.minimum(bins, length - 1, out=bins)
-            counts += np.bincount(bins, minlength=length)
+        counts = np.asarray(bin_counts(self.bin_width, length), dtype=np.int64)
         if length > len(self.hist):
             self.hist = np.concatenate([self.hist, np.zeros(length - len(self.hist), dtype=np.int64)])
         self.hist += counts
@@ -164,3 +169,23 @@ class TensorStats:
         if not isinstance(hist, list) or not all(isinstance(c, int) and c >= 0 for c in hist):
             raise ValueError("hist must be a list of non-negative ints")
         return cls(min=float(data["min"]), max=float(data["max"]), hist=np.array(hist), bin_width=data["bin_width"])
+
+
+def _bin_counts(x: np.ndarray, bin_width: float, length: int) -> np.ndarray:
+    """``TensorStats.update_binned``'s binning of a flat array, in chunks.
+
+    The magnitude is divided in float64: a float32 or float16 magnitude widens exactly, so the counts do not depend
+    on the input's float type.
+    """
+    counts = np.zeros(length, dtype=np.int64)
+    scaled = np.empty(min(_CHUNK, x.size), dtype=np.float64)
+    index = np.empty(len(scaled), dtype=np.int64)
+    for start in range(0, x.size, _CHUNK):
+        part = x[start : start + _CHUNK]
+        magnitudes, bins = scaled[: part.size], index[: part.size]
+        np.abs(part, out=magnitudes)
+        np.divide(magnitudes, bin_width, out=magnitudes)
+        bins[...] = magnitudes  # truncation toward zero, as astype(np.int64)
+        np.minimum(bins, length - 1, out=bins)
+        counts += np.bincount(bins, minlength=length)
+    return counts

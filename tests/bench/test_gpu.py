@@ -57,7 +57,7 @@ def fake_summary():
         "references": {
             "torch-tf32": _entry(2.0, 0.95, 0.0, status="ok", error=None, plan_hash="a"),
             "torch-fp16": {"plan_hash": "b", "status": "failed", "error": "Traceback\nBuildError: no|fp16 kernel"},
-            "torch-bf16": _entry(5.0, 1.0, 0.001, status="ok", error=None, plan_hash="c"),
+            "torch-bf16": {**_entry(5.0, 1.0, 0.001, status="ok", error=None, plan_hash="c"), "build_s": 6.25},
             "torchao-fp8": _entry(8.0, 0.5, 0.5, status="ok", error=None, plan_hash="d"),
         },
         "accuracy_budget": BUDGET,
@@ -165,10 +165,11 @@ def test_the_tune_table_has_every_row_and_the_ratios_of_trial_ratio():
     assert one_launch == pytest.approx(1.2) and back_to_back == pytest.approx(0.95 / 0.9)
 
     text = "\n".join(gpu.run_markdown({"kind": "tune", "config": "minilm-gpu-b64", **table}))
-    assert "| row | one launch ms | back to back ms | drop | within budget |" in text
-    assert "| torch-fp16 | failed: BuildError: no\\|fp16 kernel | - | - | - |" in text  # one line, escaped
-    assert "| winner | 1.6667 | 0.9000 | 0.002 | yes |" in text
-    assert "| torchao-fp8 | 1.2500 | 0.5000 | 0.5 | NO |" in text
+    assert "| row | one launch ms | back to back ms | drop | within budget | build s |" in text
+    assert "| torch-fp16 | failed: BuildError: no\\|fp16 kernel | - | - | - | - |" in text  # one line, escaped
+    assert "| winner | 1.6667 | 0.9000 | 0.002 | yes | - |" in text  # a summary without build times
+    assert "| torchao-fp8 | 1.2500 | 0.5000 | 0.5 | NO | - |" in text
+    assert "| torch-bf16 | 2.0000 | 1.0000 | 0.001 | yes | 6.2 |" in text
     assert "within the budget (0.01): one launch 1.20x (torch-bf16), back to back 1.06x (torch-tf32)." in text
     assert "Set-up: 41.3 s (analyze 1.5 s, evaluator 39.8 s)." in text and "Builds: 7." in text
     assert "search 1.000 (within the band)" in text
@@ -213,7 +214,8 @@ def test_build_times_are_the_runs_own_builds_and_their_compile_share_and_the_sto
 
     _store_with_builds(tmp_path / "trials.sqlite")
     times = gpu.build_times(tmp_path / "trials.sqlite")
-    builds = {"trials": 2, "build_min_s": 10.0, "build_max_s": 20.0, "compile_share": pytest.approx(20 / 30)}
+    builds = {"trials": 2, "build_min_s": 10.0, "build_max_s": 20.0, "build_median_s": 15.0}
+    builds["compile_share"] = pytest.approx(20 / 30)
     assert times == {**builds, "setup_s": None, "setup_stages_s": {}}  # no set-up recorded yet
     with TrialStore(tmp_path / "trials.sqlite") as store:  # a run cut after its set-up, before its summary
         RunMeta.write(store, setup_s=55.0, setup_stages_s={"analyze": 20.0})
@@ -257,7 +259,7 @@ def test_tune_runs_each_config_and_writes_its_rows_after_every_run(tmp_path, con
     assert (out / "tiny-torch.log").read_text() == "tuning\n"
     text = (out / "gpu.md").read_text()
     assert "### missing (tune)" in text and "### tiny-torch (tune)" in text
-    assert "Builds: 7, 10.0-20.0 s each; compile 67 % of the build time." in text
+    assert "Builds: 7, 10.0-20.0 s (median 15.0 s) each; compile 67 % of the build time." in text
     assert "Run: exit 0, " in text and "(the run's wall_s 128 s)." in text
 
 

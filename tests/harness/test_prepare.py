@@ -40,8 +40,8 @@ def test_an_onnx_model_is_its_file_and_a_torch_factory_is_exported_once_per_shap
     assert config_inputs(config) == [InputSpec("x", (16, 32), "float32")]
     exports = []
 
-    def export(factory, inputs, path, opset):
-        exports.append((factory, tuple(inputs), opset))
+    def export(factory, inputs, path, opset, batch_free):
+        exports.append((factory, tuple(inputs), opset, batch_free))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"exported")
 
@@ -53,6 +53,9 @@ def test_an_onnx_model_is_its_file_and_a_torch_factory_is_exported_once_per_shap
     assert model_file(torch_config) == path and len(exports) == 1  # cached: not exported again
     wider = torch_config.model_copy(update={"inputs": [config.inputs[0].model_copy(update={"shape": [8, 32]})]})
     assert model_file(wider) != path and len(exports) == 2  # other shapes, another file
+    assert not exports[0][3]  # ONNX Runtime runs the graph: exported at its shapes
+    on_torch = torch_config.model_copy(update={"backend": config.backend.model_copy(update={"name": "torch"})})
+    assert model_file(on_torch) not in (path, model_file(wider)) and exports[-1][3]  # the torch backend's: batch-free
     with pytest.raises(SetupError, match="model.torch needs inputs"):
         model_file(torch_config.model_copy(update={"inputs": []}))
 

@@ -92,3 +92,40 @@ def test_a_collector_that_fails_on_the_device_leaves_the_calibration_to_onnx_run
     assert set(calibration.stats) == set(_tensors(runner))
     assert "torch:cuda did not gather the calibration (CUDA out of memory)" in caplog.text
     assert statistics_collector(runner.model, runner.backend) is None  # on the CPU: ONNX Runtime, as before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_values_binned_on_the_device_give_the_counts_numpy_gives(dtype, monkeypatch):
+    import torch
+
+    from autotune.backends.torch import calibration
+    from autotune.quant.histogram import TensorStats
+
+    monkeypatch.setattr(calibration, "_CHUNK", 1000)  # a batch spans several chunks, the last one short
+    rng = np.random.default_rng(3)
+    # the second batch reaches 40x past the first's range: bins appended, then pairs merged past 4096
+    batches = [rng.standard_t(3, 4321), rng.standard_t(3, 2500) * 40, np.zeros(7), rng.standard_normal(1234) * 1e3]
+    on_device, on_host = TensorStats.empty(64), TensorStats.empty(64)
+    monkeypatch.setattr("autotune.quant.histogram._MAX_BINS", 4096)
+    for values in batches:
+        tensor = torch.from_numpy(values).to(getattr(torch, dtype))
+        calibration.update_on_device(on_device, tensor)
+        on_host.update(tensor.float().numpy())  # bfloat16 and float16 widen exactly to float32
+    assert on_device == on_host
+    first = TensorStats.from_batch(torch.from_numpy(batches[0]).to(getattr(torch, dtype)).float().numpy(), 64)
+    assert on_host.bin_width >= 2 * first.bin_width and len(on_host.hist) > 64  # pairs merged, bins appended
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        calibration.update_on_device(on_device, torch.tensor([1.0, float("nan")]))
+
+
+def test_values_that_are_not_finite_on_the_device_name_their_tensor_and_batch(runner):
+    import torch
+
+    tensors = _tensors(runner)
+    sources = module_inputs(runner.model.layers, runner.backend._bindings, runner.backend._calls, tensors)
+    module = runner.backend.fp32_module()
+    batches = [*runner.calibration_batches, {"x": np.full_like(runner.calibration_batches[0]["x"], np.inf)}]
+    last = len(batches) - 1
+    with pytest.raises(ValueError, match=rf"tensor {tensors[0]!r} has NaN/Inf values on calibration batch {last}"):
+        collect_module_statistics(module, sources, ["x"], "cpu", batches, 64)
+    assert all(parameter.device == torch.device("cpu") for parameter in module.parameters())  # a copy went
