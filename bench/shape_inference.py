@@ -3,9 +3,9 @@
 Usage:
     python bench/shape_inference.py MODEL.onnx [--reps 4]
     e.g. the BERT-large-shaped encoder's weights (530 MB; a batch-1 export has the same ones):
-    python -c "from pathlib import Path; from autotune.model import InputSpec as I, export_torch as e;
-    e('autotune.examples.encoder:build_module', [I('input_ids', (1, 128), 'int64'),
-      I('attention_mask', (1, 128), 'int64')], Path('encoder.onnx'), opset=17)"
+    python -c "from pathlib import Path; from autotune.model import InputSpec as I;
+    from autotune.torch_export import export_torch as e; e('autotune.examples.encoder:build_module',
+      [I('input_ids', (1, 128), 'int64'), I('attention_mask', (1, 128), 'int64')], Path('encoder.onnx'), opset=17)"
 
 Each repetition times both on a fresh load of the model, interleaved, so a slow spell of the machine falls on
 both; prints the medians, their ratio, and whether the two results are the same model byte for byte.

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     (
         "autotune.model",
+        "autotune.torch_export",
         "autotune.intake",
         "autotune.units",
         "autotune.data",

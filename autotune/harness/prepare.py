@@ -18,7 +18,7 @@ from typing import Any
 from autotune.backends import Backend
 from autotune.config import TuneConfig
 from autotune.data import Dataset
-from autotune.model import InputSpec, LoadedModel, export_torch, load_onnx, prepare_model
+from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
 from autotune.plan import CALIBRATION_KNOB, Plan
 from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, StatisticsCollector, calibrate
 from autotune.quant.layerwise import LAYERWISE, SMOOTHING, LayerwiseChoices, choose_layer_methods
@@ -26,6 +26,7 @@ from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import required_ranges
 from autotune.search.space import SearchSpace, build_space
+from autotune.torch_export import export_torch
 
 log = logging.getLogger(__name__)
 

@@ -130,7 +130,7 @@ def one_row(inputs: Sequence[InputSpec]) -> list[InputSpec] | None:
 
 
 def count_calls(module: Any, inputs: Sequence[InputSpec], paths: Collection[str]) -> dict[str, int]:
-    """How often one forward pass (on ``export_torch``'s example inputs, on the CPU) calls each module in ``paths``.
+    """How often one forward pass (on ``runtime.static_inputs``, on the CPU) calls each module in ``paths``.
 
     The pass runs one row of the batch where the inputs share a batch dimension: how often a module is called does
     not depend on the batch, and the whole batch on the CPU took 9 s of the BERT-large-shaped encoder's set-up. A

@@ -82,31 +82,29 @@ def collect_module_statistics(
     tensors_of: dict[str, list[str]] = defaultdict(list)
     for name, path in sources.items():
         tensors_of[path].append(name)
-    values: dict[str, Any] = {}
+    stats = {name: TensorStats.empty(num_bins) for name in sources}
+    batch_index = 0
 
-    def keep(path: str) -> Any:
+    def merge(path: str) -> Any:
+        # Binned as the forward reaches each module: one activation at a time is held (the encoder's all: 4.6 GB)
         def hook(_: Any, args: tuple[Any, ...]) -> None:
-            values.update(dict.fromkeys(tensors_of[path], args[0].detach()))
+            for name in tensors_of[path]:
+                try:
+                    update_on_device(stats[name], args[0].detach())
+                except ValueError:
+                    raise nonfinite_error(name, batch_index) from None
 
         return hook
 
-    handles = [on_device.get_submodule(path).register_forward_pre_hook(keep(path)) for path in tensors_of]
-    stats = {name: TensorStats.empty(num_bins) for name in sources}
+    handles = [on_device.get_submodule(path).register_forward_pre_hook(merge(path)) for path in tensors_of]
     try:
         with torch.no_grad():
-            for index, batch in enumerate(batches):
-                values.clear()
+            for batch_index, batch in enumerate(batches):  # noqa: B007 - the hooks read it
                 feeds = [torch.from_numpy(np.ascontiguousarray(batch[name])).to(device) for name in input_names]
                 on_device(*feeds)
-                for name, tensor_stats in stats.items():
-                    try:
-                        update_on_device(tensor_stats, values[name])
-                    except ValueError:
-                        raise nonfinite_error(name, index) from None
     finally:
         for handle in handles:
             handle.remove()
-        values.clear()
         del on_device
         if device.startswith("cuda"):
             torch.cuda.empty_cache()

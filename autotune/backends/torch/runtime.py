@@ -133,7 +133,7 @@ def _torch_dtype(dtype: str) -> Any:
 
 
 def static_inputs(inputs: Sequence[InputSpec], device: str) -> list[Any]:
-    """Input buffers like ``export_torch``'s examples: zeros, ones for integer inputs (valid token ids)."""
+    """Input buffers: zeros, ones for integer inputs (valid token ids)."""
     import torch
 
     return [

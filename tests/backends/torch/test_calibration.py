@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (an NVIDIA GPU and a CUDA torch)")
 
 from autotune.backends.torch.calibration import collect_module_statistics, module_inputs  # noqa: E402
 from autotune.harness.prepare import calibrate_ranges, statistics_collector  # noqa: E402
@@ -129,3 +130,20 @@ def test_values_that_are_not_finite_on_the_device_name_their_tensor_and_batch(ru
     with pytest.raises(ValueError, match=rf"tensor {tensors[0]!r} has NaN/Inf values on calibration batch {last}"):
         collect_module_statistics(module, sources, ["x"], "cpu", batches, 64)
     assert all(parameter.device == torch.device("cpu") for parameter in module.parameters())  # a copy went
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_values_binned_on_the_gpu_give_the_counts_numpy_gives():
+    # CUDA's float64 division is IEEE's, as numpy's: the same bin for every value, including those on a bin edge
+    from autotune.backends.torch.calibration import update_on_device
+    from autotune.quant.histogram import TensorStats
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    on_gpu, on_host = TensorStats.empty(2048), TensorStats.empty(2048)
+    for scale in (1.0, 30.0, 0.5):
+        values = torch.randn(16384, 1024, device="cuda", generator=generator) * scale
+        values[0, :8] = torch.tensor([0.0, 1.0, -1.0, 2.0, 0.5, 0.25, 3.0, -3.0]) * scale  # edges of round widths
+        update_on_device(on_gpu, values)
+        on_host.update(values.cpu().numpy())
+    assert on_gpu == on_host
