@@ -4,7 +4,7 @@ ONNX Runtime's CPU took about 12 s for the BERT-large-shaped encoder's one calib
 H200 machine, where the GPU runs the FP32 forward in 73 ms. The tensors are the same: the input of the module an ONNX
 layer is bound to (``binding.bind_layers``) is that layer's activation input. They are binned where they are
 (``TensorStats.update_binned``, the same float64 division and truncation as on the CPU), so only the counts leave the
-device: copying the encoder's 1.2G activation values to the host and binning them there was most of the 5-8 s this
+device: copying the encoder's 1.1G activation values to the host and binning them there was most of the 5-8 s this
 stage took. The values differ from ONNX Runtime's in the last bits of float32 (other GEMM kernels), so the
 calibration cache keeps them apart (``StatisticsCollector.source``).
 """
@@ -86,7 +86,7 @@ def collect_module_statistics(
     batch_index = 0
 
     def merge(path: str) -> Any:
-        # Binned as the forward reaches each module: one activation at a time is held (the encoder's all: 4.6 GB)
+        # Binned as the forward reaches each module: one activation at a time is held (the encoder's all: 4.3 GB)
         def hook(_: Any, args: tuple[Any, ...]) -> None:
             for name in tensors_of[path]:
                 try:
