@@ -26,8 +26,8 @@ def export_torch(
 ) -> Path:
     """Exports a PyTorch module built by ``module:function`` to ONNX with ``torch.onnx.export``.
 
-    The exporter traces one forward pass on the CPU; at the configured batch that pass was most of the export
-    (28 of 29 s for the BERT-large-shaped encoder at 128 x 128 tokens on the CPU VM). With ``batch_free``, where the
+    The exporter traces one forward pass on the CPU; at the configured batch that pass was most of the export (the
+    BERT-large-shaped encoder at 128 x 128 tokens: a forward of 16K tokens on the CPU). With ``batch_free``, where the
     inputs share a leading (batch) dimension above ``TRACE_BATCH``, the module is traced at ``TRACE_BATCH`` rows with
     that dimension left symbolic, as exporters of transformers models do; the layer table's shapes still come from
     the configured ones, written in on load (``fix_input_shapes``). A module whose graph keeps the traced batch
