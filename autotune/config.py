@@ -271,15 +271,20 @@ class MeasureConfig(_Strict):
     rounds: int = Field(4, ge=1)
     """Quiet rounds per measurement: the speedup is the median of their ratios (``autotune.measure``)."""
     quiet_band: float | None = Field(0.05, gt=0)
-    """A round counts when its FP32 reference ran within this fraction of the fastest reference round the trial
-    process has timed: in a slow spell of the machine (another tenant on the host's cores) INT8 slows more than
-    FP32, so the ratio itself moves. None: every round counts."""
+    """A round counts when every plan in it and the FP32 reference ran within this fraction of their own fastest
+    rounds (the reference's also of the fastest the trial process has timed): in a slow spell of the machine
+    (another tenant on the host's cores) INT8 slows more than FP32, so the ratio itself moves. None: no pace is
+    checked."""
     settle_s: float = Field(5.0, ge=0)
     """Seconds the trial process times before it trusts its fastest reference round as the machine's quiet pace;
     the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long."""
     max_rounds: int | None = Field(None, ge=1)
-    """Rounds after which a measurement stops although fewer than ``rounds`` were quiet (then the rounds of the
-    fastest reference count). None: four times ``rounds``."""
+    """Rounds after which a measurement stops although fewer than ``rounds`` were quiet (then the least disturbed
+    rounds count, and the result says the machine was too busy). None: four times ``rounds``."""
+    busy_wait: float | None = Field(0.1, gt=0, le=1)
+    """A round counts only when the trial process's threads waited for a core (the scheduler's run-queue wait) at
+    most this fraction of its wall time: another busy process on the cores slows plans unequally, so such rounds
+    are timed again. None: the wait is not checked (``autotune.interference``)."""
 
 
 class RewardConfig(_Strict):

@@ -4,12 +4,16 @@ One candidate against the reference, the reference first in every round (``inter
 candidates in the same rounds, the order rotating (``side_by_side``: every trial, with its one plan; a run's
 finalists; the plans ``autotune evaluate`` compares).
 
-Only quiet rounds count. On a shared 2-vCPU VM the host takes a core for spells of 0.1 s to 9 s; in such a spell a
-two-thread ONNX Runtime session of the 3 ms CNN runs INT8 slower than FP32, so the ratio itself moves (1.82x
-quiet, 1.65-1.81x in the spells: ``bench/timing_trace.py``) and no interleaving cancels it. The reference's pace
-tells the spells apart: a round counts when its reference ran within ``quiet_band`` of the fastest reference round
-this process has timed (``ReferencePace``), the measurement goes on until ``rounds`` such rounds are in, and the
-process first times for ``settle_s`` seconds, long enough to have seen the machine quiet.
+Only rounds in which every runner ran at its own quiet pace count, and the rule treats every runner alike. Two
+things slow a round: another process on the cores (the timed threads wait for a core: ``autotune.interference``
+reads that wait from the scheduler) and a slow spell of a shared VM's host (the runs are slower though nothing here
+waited). A round counts when this process's threads waited for a core at most ``busy_wait`` of its time, and when
+every runner's median lies within ``quiet_band`` of that runner's fastest counted round (the reference's also of the
+fastest this process has timed, ``ReferencePace``). A rule that looked at the reference alone kept rounds in which
+the reference happened to be fast and a candidate did not, and read FP32 against itself at 0.50x beside a busy
+process. The assumption is that interference only adds time, so each runner's fastest rounds are its quiet ones;
+the measurement goes on until ``rounds`` rounds count, and at its limit it takes the least disturbed rounds and says
+that the machine was too busy (``Busy.quiet`` False).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from autotune.interference import Reading, Sampler, describe_cpus
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -30,12 +36,16 @@ class Protocol:
         warmup: Untimed runs after every switch between candidate and reference.
         repeats: Timed runs per round and side.
         rounds: Quiet rounds (reference, candidate) per measurement; with ``quiet_band`` None, rounds.
-        quiet_band: A round counts when its reference median is within this fraction of the fastest reference
-            round of the process (``ReferencePace``); None: every round counts.
+        quiet_band: A round counts when every runner's median is within this fraction of that runner's fastest
+            counted round (the reference's: also of the fastest reference round of the process, ``ReferencePace``);
+            None: no runner's pace is checked.
         settle_s: Wall seconds the process times before its fastest reference round is trusted as the machine's
             quiet pace: the first measurement of a process times at least this long.
         max_rounds: Rounds after which a measurement that has settled stops with fewer quiet rounds than
-            ``rounds`` (then the rounds of the fastest reference count); None: four times ``rounds``.
+            ``rounds`` (then the least disturbed rounds count, and ``Busy.quiet`` is False); None: four times
+            ``rounds``.
+        busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
+            scheduler) at most this fraction of its wall time; None: the wait is not checked.
     """
 
     warmup: int = 2
@@ -44,6 +54,7 @@ class Protocol:
     quiet_band: float | None = 0.05
     settle_s: float = 5.0
     max_rounds: int | None = None
+    busy_wait: float | None = 0.1
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -98,6 +109,76 @@ class ReferencePace:
 
 
 @dataclass(frozen=True)
+class Busy:
+    """How much the machine's other work got in the way of one measurement.
+
+    Attributes:
+        rounds: Rounds timed.
+        counted: Rounds that counted.
+        contended: Rounds in which this process's threads waited for a core beyond ``Protocol.busy_wait``.
+        others: Share of the usable cores that other work took over the measurement (None: Linux's accounting
+            could not be read, or the measurement was too short to read it).
+        waited: This process's run-queue wait per wall second over the measurement (None: as above).
+        cpus: The cores accounted, as a user reads them (``0-1``).
+        quiet: Enough rounds counted; False when the measurement stopped at its limit and took its least disturbed
+            rounds: the machine was too busy for its ratios to be trusted.
+    """
+
+    rounds: int
+    counted: int
+    contended: int
+    others: float | None
+    waited: float | None
+    cpus: str
+    quiet: bool
+
+    @property
+    def shared(self) -> bool:
+        """Other work took time from the timed threads in at least one round, or the measurement never settled."""
+        return self.contended > 0 or not self.quiet
+
+    def describe(self) -> str:
+        """One line for the user: how busy, and what the measurement did about it."""
+        took = "" if self.others is None else f"other processes took {self.others:.0%} of cores {self.cpus}; "
+        what = (
+            f"{took}the timed threads waited for a core in {self.contended} of {self.rounds} rounds"
+            if self.waited is not None
+            else "Linux's accounting could not be read"
+        )
+        if not self.quiet:
+            return f"the machine was too busy to measure ({what}); its ratios are not to be trusted"
+        return f"the machine was busy ({what}); timings extended to {self.counted} quiet rounds"
+
+    def to_dict(self) -> dict[str, float | int | str | bool | None]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def merged(cls, measurements: Sequence[Busy | None]) -> Busy | None:
+        """One figure for several measurements of a command or run: rounds summed, shares weighted by rounds."""
+        known = [busy for busy in measurements if busy is not None]
+        if not known:
+            return None
+        rounds = sum(busy.rounds for busy in known)
+        def weighted(name: str) -> float | None:
+            readable = [busy for busy in known if getattr(busy, name) is not None]
+            if not readable:
+                return None
+            total = sum(busy.rounds for busy in readable)
+            return sum(getattr(busy, name) * busy.rounds for busy in readable) / max(1, total)
+
+        return cls(
+            rounds,
+            sum(busy.counted for busy in known),
+            sum(busy.contended for busy in known),
+            weighted("others"),
+            weighted("waited"),
+            known[0].cpus,
+            all(busy.quiet for busy in known),
+        )
+
+
+@dataclass(frozen=True)
 class Latency:
     """A candidate's latency against the reference timed in the same process.
 
@@ -107,6 +188,8 @@ class Latency:
         reference_median_ms: Median of the reference's runs, interleaved with the candidate's.
         reference_iqr_ms: Interquartile range of the reference's runs.
         round_speedups: Per round, the reference's median over the candidate's median.
+        busy: How much other work got in the way, and whether the rounds could be trusted; None where nothing
+            was read (a latency made by hand).
     """
 
     median_ms: float
@@ -114,6 +197,7 @@ class Latency:
     reference_median_ms: float
     reference_iqr_ms: float
     round_speedups: tuple[float, ...] = ()
+    busy: Busy | None = None
 
     @property
     def speedup(self) -> float:
@@ -155,6 +239,7 @@ def interleaved(
     clock: Callable[[], float] = time.perf_counter,
     self_timed: bool = False,
     pace: ReferencePace | None = None,
+    sampler: Sampler | None = None,
 ) -> Latency:
     """Times the candidate and the reference alternately, so machine drift hits both alike.
 
@@ -165,11 +250,12 @@ def interleaved(
         clock: Seconds; injectable for tests.
         self_timed: The runners return their own elapsed milliseconds (e.g. GPU events) and ``clock`` is unused.
         pace: The process's reference pace; None: a fresh one (the measurement settles on its own).
+        sampler: Reads how busy the machine is; None: one of this process on its usable cores.
 
     Returns:
         Medians and IQRs of both sides, over the quiet rounds.
     """
-    return _rounds([reference, candidate], lambda _: [0, 1], protocol, clock, self_timed, pace)[0]
+    return _rounds([reference, candidate], lambda _: [0, 1], protocol, clock, self_timed, pace, sampler)[0]
 
 
 def side_by_side(
@@ -179,6 +265,7 @@ def side_by_side(
     clock: Callable[[], float] = time.perf_counter,
     self_timed: bool = False,
     pace: ReferencePace | None = None,
+    sampler: Sampler | None = None,
 ) -> list[Latency]:
     """Times several candidates and the reference in turn within every round, the order rotating each round.
 
@@ -196,6 +283,7 @@ def side_by_side(
         clock: Seconds; injectable for tests.
         self_timed: The runners return their own elapsed milliseconds and ``clock`` is unused.
         pace: The process's reference pace; None: a fresh one (the measurement settles on its own).
+        sampler: Reads how busy the machine is; None: one of this process on its usable cores.
 
     Returns:
         One ``Latency`` per candidate, in order, each against the reference of the same (quiet) rounds.
@@ -206,7 +294,7 @@ def side_by_side(
     def rotated(index: int) -> list[int]:
         return [(index + k) % count for k in range(count)]
 
-    return _rounds(runners, rotated, protocol, clock, self_timed, pace)
+    return _rounds(runners, rotated, protocol, clock, self_timed, pace, sampler)
 
 
 def _rounds(
@@ -216,51 +304,104 @@ def _rounds(
     clock: Callable[[], float],
     self_timed: bool,
     pace: ReferencePace | None,
+    sampler: Sampler | None = None,
 ) -> list[Latency]:
-    """Times ``runners`` (the reference first) round by round in ``order(round)`` until enough rounds are quiet.
+    """Times ``runners`` (the reference first) round by round in ``order(round)`` until enough rounds count.
 
     Returns:
         A Latency per candidate, over the rounds that count (``_counted``), in the order they were timed.
     """
     pace = pace if pace is not None else ReferencePace()
+    sampler = sampler if sampler is not None else Sampler()
     blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed runs
-    reference_rounds: list[float] = []  # per round, the reference's median
+    round_medians: list[list[float]] = [[] for _ in runners]
+    readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
+    first = last = sampler.snapshot()
     while True:
         started = pace.clock()
-        for runner in order(len(reference_rounds)):
+        for runner in order(len(readings)):
             blocks[runner].append(_timed(runners[runner], protocol, clock, self_timed))
-        reference_rounds.append(float(np.median(blocks[0][-1])))
-        pace.add(reference_rounds[-1], pace.clock() - started)
-        counted = _counted(reference_rounds, protocol, pace)
+            round_medians[runner].append(float(np.median(blocks[runner][-1])))
+        now = sampler.snapshot()
+        readings.append(sampler.reading(last, now))
+        last = now
+        pace.add(round_medians[0][-1], pace.clock() - started)
+        counted = _counted(np.array(round_medians), _waits(readings), protocol, pace)
         if counted is not None:
             break
-    reference = [blocks[0][i] for i in counted]
+    rows, quiet = counted
+    whole = sampler.reading(first, last)
+    contended = sum(1 for wait in _waits(readings) if _contended(wait, protocol))
+    busy = Busy(
+        len(readings),
+        len(rows),
+        contended,
+        None if whole is None else whole.others,
+        None if whole is None else whole.waited,
+        describe_cpus(sampler.cpus),
+        quiet,
+    )
+    reference = [blocks[0][i] for i in rows]
     reference_median, reference_iqr = _stats([ms for block in reference for ms in block])
     latencies = []
     for runner in range(1, len(runners)):
-        candidate = [blocks[runner][i] for i in counted]
+        candidate = [blocks[runner][i] for i in rows]
         median, iqr = _stats([ms for block in candidate for ms in block])
         ratios = tuple(float(np.median(r) / np.median(c)) for r, c in zip(reference, candidate, strict=True))
-        latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios))
+        latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios, busy))
     return latencies
 
 
-def _counted(reference_rounds_ms: list[float], protocol: Protocol, pace: ReferencePace) -> list[int] | None:
-    """The rounds that count once the measurement may stop, or None while it goes on.
+def _waits(readings: Sequence[Reading | None]) -> list[float | None]:
+    return [None if reading is None else reading.waited for reading in readings]
 
-    It stops once ``protocol.rounds`` rounds are quiet and the process has settled; at ``round_limit`` (settled)
-    with fewer, the ``protocol.rounds`` rounds of the fastest reference count: the machine was in a long spell.
+
+def _contended(wait: float | None, protocol: Protocol) -> bool:
+    """This process's threads waited for a core beyond the protocol's allowance in a round."""
+    return wait is not None and protocol.busy_wait is not None and wait > protocol.busy_wait
+
+
+def _counted(
+    medians: np.ndarray, waits: Sequence[float | None], protocol: Protocol, pace: ReferencePace
+) -> tuple[list[int], bool] | None:
+    """The rounds that count once the measurement may stop and whether they were quiet; None while it goes on.
+
+    Args:
+        medians: Per runner (the reference first), per round, the median of its timed runs.
+        waits: Per round, this process's run-queue wait per wall second (None: unknown).
+        protocol: The protocol.
+        pace: The process's reference pace.
+
+    It stops once ``protocol.rounds`` rounds are quiet (``_quiet_rounds``) and the process has settled. At
+    ``round_limit`` (settled) with fewer, the ``protocol.rounds`` least disturbed rounds count (uncontended first,
+    then by the worst of the runners' medians over their fastest), and the measurement is not quiet.
     """
-    timed = len(reference_rounds_ms)
+    timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
         return None
-    quiet = pace.quiet(reference_rounds_ms, protocol.quiet_band)
+    clear = [i for i in range(timed) if not _contended(waits[i], protocol)]
+    quiet = _quiet_rounds(medians, clear, protocol.quiet_band, pace.fastest_ms)
     if len(quiet) >= protocol.rounds:
-        return quiet
+        return quiet, True
     if timed < protocol.round_limit:
         return None
-    fastest = sorted(range(timed), key=lambda i: reference_rounds_ms[i])[: protocol.rounds]
-    return sorted(fastest)
+    slowdown = (medians / medians.min(axis=1, keepdims=True)).max(axis=0)
+    least = sorted(range(timed), key=lambda i: (_contended(waits[i], protocol), slowdown[i]))
+    return sorted(least[: protocol.rounds]), False
+
+
+def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, reference_fastest_ms: float) -> list[int]:
+    """The rounds among ``clear`` in which every runner ran within ``band`` of its own fastest of them.
+
+    The same rule for every runner, so the rounds it keeps are not chosen by one runner's luck: a rule that only
+    looked at the reference kept the rounds in which the reference was fast, candidates fast or not.
+    """
+    if band is None or not clear:
+        return clear
+    fastest = medians[:, clear].min(axis=1)
+    fastest[0] = min(fastest[0], reference_fastest_ms)
+    within = medians[:, clear] <= fastest[:, None] * (1.0 + band)
+    return [round_index for round_index, ok in zip(clear, within.all(axis=0), strict=True) if ok]
 
 
 def compare_rounds(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, int] | None:

@@ -47,6 +47,8 @@ class TrialResult:
             backend has such a timer, else None. ``latency_ms`` times one launch at a time.
         reference_back_to_back_ms: FP32's, timed the same way in the same call.
         split: The data the accuracy was measured on.
+        busy: How much other work got in the way of the timing (``autotune.measure.Busy.to_dict``); None where
+            nothing was timed or read.
         artifact: Path of the built model, when it was kept.
         created_at: Unix time of the measurement.
         from_store: True when the store answered and nothing was built (not persisted).
@@ -72,6 +74,7 @@ class TrialResult:
     back_to_back_ms: float | None = None
     reference_back_to_back_ms: float | None = None
     split: str = "evaluation"
+    busy: dict[str, Any] | None = None
     artifact: str | None = None
     created_at: float = field(default_factory=time.time)
     from_store: bool = False
@@ -80,6 +83,16 @@ class TrialResult:
     def ok(self) -> bool:
         """The plan built, ran and was scored."""
         return self.status == OK
+
+    @property
+    def shared(self) -> bool:
+        """Other work got in the way of this result's timing (its rounds were extended, or it never went quiet)."""
+        return bool(self.busy) and (self.busy.get("contended", 0) > 0 or not self.busy.get("quiet", True))
+
+    @property
+    def too_busy(self) -> bool:
+        """The machine was too busy for this result's ratio to be trusted (``Busy.quiet`` False)."""
+        return bool(self.busy) and not self.busy.get("quiet", True)
 
     @property
     def plan_hash(self) -> str:

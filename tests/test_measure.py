@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autotune.measure import Latency, Protocol, interleaved
 
-EVERY_ROUND = {"quiet_band": None, "settle_s": 0.0}
+EVERY_ROUND = {"quiet_band": None, "settle_s": 0.0, "busy_wait": None}
 """The protocol without quiet rounds: every round counts, the process needs no settling."""
+UNWAITED = {"busy_wait": None}
+"""Scripted runners on a real machine: the machine's own run-queue wait must not add rounds to the script."""
 
 WARMUP_S = 1000.0  # warm-up runs take so long that timing one would wreck every statistic
 
@@ -112,7 +116,7 @@ def test_speedup_property():
 
 
 def test_protocol_to_dict_and_defaults():
-    defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None}
+    defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1}
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
@@ -190,7 +194,7 @@ def test_side_by_side_of_one_candidate_measures_what_interleaved_measures():
 
     (alone,) = side_by_side([runner(2.0)], runner(5.0), protocol, self_timed=True)
     pair = interleaved(runner(2.0), runner(5.0), protocol, self_timed=True)
-    assert alone == pair
+    assert replace(alone, busy=None) == replace(pair, busy=None)  # the machine's readings differ between calls
     assert alone.speedup == pytest.approx(2.5)
 
 
@@ -254,7 +258,7 @@ def test_rounds_in_a_slow_spell_do_not_count_and_the_measurement_goes_on_until_e
     candidate = counting(_spell_runner(1.0, 1.5, in_spell))
     pace = ReferencePace()
     latency = interleaved(
-        candidate, reference, Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0), self_timed=True, pace=pace
+        candidate, reference, Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, **UNWAITED), self_timed=True, pace=pace
     )
     assert latency.round_speedups == pytest.approx((2.0, 2.0, 2.0))  # rounds 0, 4, 5: the spell left out
     assert rounds_timed["n"] == 2 * 6  # three quiet rounds needed six
@@ -295,7 +299,7 @@ def test_a_fresh_process_times_until_it_has_settled_then_trusts_its_fastest_roun
         return 5.0
 
     pace = ReferencePace(clock=wall.clock)
-    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.2)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.2, **UNWAITED)
     interleaved(candidate, reference, protocol, self_timed=True, pace=pace)
     assert calls["reference"] == 14  # 15 ms a round: 0.2 s takes 14 rounds, not 2
     assert pace.timed_s == pytest.approx(0.21)
@@ -315,10 +319,11 @@ def test_a_measurement_all_in_a_spell_stops_at_its_round_limit_on_the_fastest_re
         calls["count"] += 1
         return next(reference_ms)
 
-    protocol = Protocol(warmup=0, repeats=1, rounds=2, max_rounds=6)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, max_rounds=6, **UNWAITED)
     latency = interleaved(lambda: 1.0, reference, protocol, self_timed=True, pace=pace)
     assert calls["count"] == 6  # no round within 5 % of 2.0 ms: stopped at max_rounds
-    assert latency.round_speedups == pytest.approx((2.6, 2.5))  # the two fastest reference rounds, in order
+    assert latency.round_speedups == pytest.approx((2.6, 2.5))  # the two least disturbed rounds, in order
+    assert not latency.busy.quiet and "too busy to measure" in latency.busy.describe()
     assert Protocol(rounds=3).round_limit == 12
 
 
@@ -326,6 +331,123 @@ def test_a_model_of_microseconds_settles_after_a_bounded_number_of_rounds():
     from autotune.measure import SETTLE_ROUNDS, ReferencePace
 
     pace = ReferencePace()
-    latency = interleaved(lambda: 0.001, lambda: 0.002, Protocol(warmup=0, repeats=1, settle_s=3600.0), pace=pace)
+    latency = interleaved(lambda: 0.001, lambda: 0.002, Protocol(warmup=0, repeats=1, settle_s=3600.0, **UNWAITED), pace=pace)
     assert pace.rounds == SETTLE_ROUNDS and pace.timed_s < 3600
     assert latency.speedup > 0
+
+
+class ScriptedSampler:
+    """A ``Sampler`` whose readings are scripted: round ``k`` waited ``waits(k)`` of its time for a core."""
+
+    cpus = [0, 1]
+
+    def __init__(self, waits) -> None:
+        self.waits = waits
+        self.taken = 0
+
+    def snapshot(self) -> int:
+        self.taken += 1
+        return self.taken - 1
+
+    def reading(self, start, end):
+        from autotune.interference import Reading
+
+        if start is None or end is None:
+            return None
+        rounds = range(start, end)
+        return Reading(float(len(rounds)), 0.5, sum(self.waits(k) for k in rounds) / max(1, len(rounds)))
+
+
+def _asymmetric_spells(candidate_ms: float, seed: int, sampler_waits: bool = False):
+    """Self-timed FP32 and a candidate on a machine whose slow spells hit one of them at a time.
+
+    Each round is quiet, or the candidate runs 1.5-3x slower while the reference does not, or the reference does
+    while the candidate does not (what one busy process does to two sessions whose threads it shares cores with).
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    states = rng.choice(["quiet", "candidate", "reference"], size=400, p=[0.3, 0.45, 0.25])
+    slow = rng.uniform(1.5, 3.0, size=400)
+    calls = {"reference": 0}
+
+    def jitter() -> float:
+        return float(rng.normal(1.0, 0.005))
+
+    def reference() -> float:
+        calls["reference"] += 1
+        k = (calls["reference"] - 1) // 3  # three timed runs a round
+        return 2.0 * jitter() * (slow[k] if states[k] == "reference" else 1.0)
+
+    def candidate() -> float:
+        k = (calls["reference"] - 1) // 3
+        return candidate_ms * jitter() * (slow[k] if states[k] == "candidate" else 1.0)
+
+    waits = ScriptedSampler(lambda k: 0.5 if states[k] != "quiet" and sampler_waits else 0.0)
+    return candidate, reference, waits
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fp32_against_itself_reads_1_when_spells_slow_one_runner_at_a_time(seed):
+    # The old rule (rounds chosen by the reference's pace alone) kept the rounds in which only the candidate was slow
+    # and read this at 0.4-0.7x; every runner's own pace must count alike.
+    protocol = Protocol(warmup=0, repeats=3, rounds=4, settle_s=0.0, max_rounds=60, busy_wait=None)
+    candidate, reference, sampler = _asymmetric_spells(2.0, seed)
+    latency = interleaved(candidate, reference, protocol, self_timed=True, sampler=sampler)
+    assert latency.speedup == pytest.approx(1.0, abs=0.03)
+    assert latency.busy.quiet and latency.busy.counted == 4
+    faster, reference, sampler = _asymmetric_spells(2.0 / 1.4, seed)
+    assert interleaved(faster, reference, protocol, self_timed=True, sampler=sampler).speedup == pytest.approx(
+        1.4, rel=0.03
+    )
+
+
+def test_rounds_in_which_the_process_waited_for_a_core_do_not_count():
+    from autotune.measure import side_by_side
+
+    # The first six rounds: another process holds a core and slows both runners alike, the candidate a little more
+    # (its two threads wait on each other); the per-runner pace alone would accept them, the wait does not.
+    rounds = {"n": 0}
+
+    def reference() -> float:
+        rounds["n"] += 1
+        return 2.0 * (3.0 if rounds["n"] <= 6 else 1.0)
+
+    def candidate() -> float:
+        return 1.0 * (3.3 if rounds["n"] <= 6 else 1.0)
+
+    sampler = ScriptedSampler(lambda k: 0.4 if k < 6 else 0.0)
+    protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=20)
+    (latency,) = side_by_side([candidate], reference, protocol, self_timed=True, sampler=sampler)
+    assert latency.round_speedups == pytest.approx((2.0, 2.0, 2.0))
+    assert latency.busy.contended == 6 and latency.busy.counted == 3 and latency.busy.rounds == 9
+    assert latency.busy.quiet and latency.busy.shared
+    assert latency.busy.describe().startswith("the machine was busy (other processes took 50% of cores 0-1")
+
+
+def test_a_machine_busy_in_every_round_is_said_to_be_too_busy():
+    sampler = ScriptedSampler(lambda k: 0.6)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=5)
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
+    assert latency.busy.rounds == 5 and latency.busy.contended == 5 and not latency.busy.quiet
+    assert "too busy to measure" in latency.busy.describe()
+
+
+def test_without_the_schedulers_accounting_the_wait_is_not_checked_and_nobody_says_busy():
+    class Blind(ScriptedSampler):
+        def snapshot(self):
+            return None
+
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0)
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=Blind(lambda k: 0.9))
+    assert latency.busy.rounds == 2 and latency.busy.others is None and latency.busy.quiet
+    assert not latency.busy.shared
+
+
+def test_busy_figures_of_several_measurements_merge_weighted_by_rounds():
+    from autotune.measure import Busy
+
+    merged = Busy.merged([Busy(4, 4, 0, 0.1, 0.0, "0-1", True), None, Busy(12, 4, 8, 0.5, 0.3, "0-1", False)])
+    assert (merged.rounds, merged.counted, merged.contended, merged.quiet) == (16, 8, 8, False)
+    assert merged.others == pytest.approx((0.1 * 4 + 0.5 * 12) / 16)
+    assert Busy.merged([None]) is None

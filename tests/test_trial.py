@@ -33,6 +33,7 @@ def _measured() -> TrialResult:
         back_to_back_ms=1.9,
         reference_back_to_back_ms=4.8,
         split="holdout",
+        busy={"rounds": 9, "counted": 4, "contended": 5, "others": 0.4, "waited": 0.2, "cpus": "0-1", "quiet": True},
         artifact="runs/demo/best/model.onnx",
         created_at=123.0,
     )
@@ -84,3 +85,12 @@ def test_a_ratio_is_the_baselines_time_over_ours_in_either_timing():
     assert ratio(baseline, untimed) is None and ratio(untimed, ours, BACK_TO_BACK) is None
     with pytest.raises(ValueError, match="unknown timing 'pipelined'"):
         ratio(baseline, ours, "pipelined")
+
+
+def test_a_result_says_whether_other_work_got_in_the_way_of_its_timing():
+    assert _measured().shared and not _measured().too_busy
+    quiet = dataclasses.replace(_measured(), busy={**_measured().busy, "contended": 0})
+    assert not quiet.shared and not quiet.too_busy
+    too_busy = dataclasses.replace(_measured(), busy={**_measured().busy, "quiet": False})
+    assert too_busy.shared and too_busy.too_busy
+    assert not dataclasses.replace(_measured(), busy=None).shared

@@ -27,6 +27,7 @@ from autotune.harness.prepare import (
     search_space,
     statistics_collector,
 )
+from autotune.interference import Sampler
 from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side_by_side
 from autotune.metrics import fidelity, score
 from autotune.model import factory_module
@@ -70,12 +71,13 @@ class _Scored:
 
 
 def _time_alone(
-    timer: Callable[[], float], reference: Callable[[], float], protocol: Protocol, pace: ReferencePace
+    timer: Callable[[], float], reference: Callable[[], float], protocol: Protocol, pace: ReferencePace, sampler: Sampler
 ) -> tuple[Latency | str, float]:
     """One engine against the reference alone: its latency or its error, and the seconds it took."""
     start = time.perf_counter()
     try:
-        return interleaved(timer, reference, protocol, self_timed=True, pace=pace), time.perf_counter() - start
+        latency = interleaved(timer, reference, protocol, self_timed=True, pace=pace, sampler=sampler)
+        return latency, time.perf_counter() - start
     except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
         return f"{type(error).__name__}: {error}", time.perf_counter() - start
 
@@ -126,6 +128,7 @@ class TrialRunner:
         self.output_index = self._output_index()
         self._one_liners: dict[str, Any] = {}
         self.pace = ReferencePace()  # every measurement of this process knows the machine's quiet pace
+        self.sampler = Sampler()  # and reads how busy the others kept the cores meanwhile
         # Calibration on ONNX Runtime runs the ONNX graph on the CPU's threads while the backend builds the FP32
         # reference (the encoder's torch.compile and calibration took 13 s and 12 s one after the other on a fresh
         # H200 machine). A backend that gathers the statistics on its own device does so after the build: a CUDA
@@ -290,14 +293,16 @@ class TrialRunner:
         reference = self._timer(self.reference, feeds)
         start = time.perf_counter()
         try:
-            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=self.pace)
+            latencies = side_by_side(
+                timers, reference, protocol, self_timed=True, pace=self.pace, sampler=self.sampler
+            )
             share_s = (time.perf_counter() - start) / max(1, len(pending))
             timed: list[tuple[Latency | str, float]] = [(latency, share_s) for latency in latencies]
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
             if len(timers) == 1:
                 timed = [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
             else:  # each alone, so the failure of one engine stays its own
-                timed = [_time_alone(timer, reference, protocol, self.pace) for timer in timers]
+                timed = [_time_alone(timer, reference, protocol, self.pace, self.sampler) for timer in timers]
         back_to_back = self._back_to_back([item.artifact for _, item in pending], feeds, split)
         for (index, item), (latency, seconds), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
             if isinstance(latency, str):
@@ -322,6 +327,7 @@ class TrialRunner:
                 back_to_back_ms=pipelined,
                 reference_back_to_back_ms=back_to_back[-1] if pipelined is not None else None,
                 split=split,
+                busy=latency.busy.to_dict() if latency.busy is not None else None,
             )
         return [result for result in results if result is not None]
 

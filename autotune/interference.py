@@ -1,0 +1,144 @@
+"""How much other work the machine did while this process timed: read from Linux's own accounting.
+
+Two readings, both free of any assumption about the model being timed:
+
+- ``others``: the share of the cores this process may run on that went to anything but this process (other
+  processes, the kernel's work for them, and on a VM the host's ``steal``), from ``/proc/stat`` less this process's
+  own CPU time. It says that the machine is shared; it does not say that the timing suffered (a ``nice`` job takes
+  what the timed threads leave idle).
+- ``waited``: the seconds this process's threads spent runnable but not running (``/proc/self/task/*/schedstat``,
+  the scheduler's run-queue wait), per second of wall time. A thread of the timed engine that waits for a core
+  stretches its run by that wait: this is the reading that says a round was slowed by the others.
+
+Neither exists off Linux (or without the scheduler's statistics); ``Sampler.available`` says so and readings are
+None there, so a caller can say that it cannot tell.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PROC_STAT = Path("/proc/stat")
+_TASKS = Path("/proc/self/task")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+SHARE_MIN_S = 0.5
+"""The shortest span whose share of core time is read: 50 of the kernel's 10 ms ticks per core."""
+
+
+def usable_cpus() -> list[int]:
+    """The cores this process may run on, in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def describe_cpus(cpus: list[int]) -> str:
+    """Cores as a user reads them: ``0-1``, ``0,2,4``."""
+    if cpus and cpus == list(range(cpus[0], cpus[-1] + 1)) and len(cpus) > 1:
+        return f"{cpus[0]}-{cpus[-1]}"
+    return ",".join(str(cpu) for cpu in cpus)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Cumulative counters at one instant.
+
+    Attributes:
+        wall_s: ``time.perf_counter()``.
+        busy_s: CPU seconds the usable cores spent not idle (steal included), since boot.
+        own_s: CPU seconds of this process (its ended threads included).
+        waited_ns: Per live thread of this process, the nanoseconds it spent runnable, waiting for a core.
+    """
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+    waited_ns: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What happened between two snapshots.
+
+    Attributes:
+        wall_s: Wall seconds between them.
+        others: Share of the usable cores' time taken by anything but this process, 0..1; None over less than
+            ``SHARE_MIN_S`` (the kernel counts core time in ticks of 10 ms: a shorter span reads 0 or 100 %).
+        waited: This process's threads' run-queue wait per wall second (0: never kept from a core).
+    """
+
+    wall_s: float
+    others: float | None
+    waited: float
+
+    @classmethod
+    def between(cls, start: Snapshot, end: Snapshot, cores: int) -> Reading:
+        """The reading from ``start`` to ``end`` on ``cores`` usable cores."""
+        wall = max(end.wall_s - start.wall_s, 1e-9)
+        others = (end.busy_s - start.busy_s) - (end.own_s - start.own_s)
+        share = min(1.0, max(0.0, others / (wall * cores))) if wall >= SHARE_MIN_S else None
+        # Threads alive at both ends: a thread that ended took its counter with it, one that started had none.
+        waited = sum(max(0, end.waited_ns[tid] - start.waited_ns[tid]) for tid in end.waited_ns.keys() & start.waited_ns)
+        return cls(wall, share, waited / 1e9 / wall)
+
+
+class Sampler:
+    """Takes ``Snapshot``s of this process and the cores it may use.
+
+    Args:
+        cpus: The cores to account; default the process's affinity.
+    """
+
+    def __init__(self, cpus: list[int] | None = None) -> None:
+        self.cpus = cpus if cpus is not None else usable_cpus()
+        self.available = _PROC_STAT.exists() and (_TASKS / str(os.getpid())).exists() and self._schedstat_works()
+
+    @staticmethod
+    def _schedstat_works() -> bool:
+        try:
+            return len((_TASKS / str(os.getpid()) / "schedstat").read_text().split()) >= 2
+        except OSError:
+            return False
+
+    def snapshot(self) -> Snapshot | None:
+        """The counters now, or None where Linux's accounting cannot be read."""
+        if not self.available:
+            return None
+        try:
+            busy = self._busy_ticks() / _TICKS_PER_S
+            waited = self._waited_ns()
+        except (OSError, ValueError):
+            return None
+        return Snapshot(time.perf_counter(), busy, time.process_time(), waited)
+
+    def _busy_ticks(self) -> int:
+        wanted = {f"cpu{cpu}" for cpu in self.cpus}
+        busy = 0
+        for line in _PROC_STAT.read_text().splitlines():
+            name, _, values = line.partition(" ")
+            if name not in wanted:
+                continue
+            # user nice system idle iowait irq softirq steal (guest and guest_nice are inside user and nice)
+            ticks = [int(value) for value in values.split()[:8]]
+            busy += sum(ticks) - ticks[3] - ticks[4]
+        return busy
+
+    @staticmethod
+    def _waited_ns() -> dict[str, int]:
+        waited = {}
+        for task in _TASKS.iterdir():
+            try:  # schedstat: ns on a core, ns runnable but waiting for one, timeslices
+                waited[task.name] = int((task / "schedstat").read_text().split()[1])
+            except OSError:  # the thread ended between the listing and the read
+                continue
+        return waited
+
+    def reading(self, start: Snapshot | None, end: Snapshot | None) -> Reading | None:
+        """The reading between two snapshots of this sampler; None if either is."""
+        if start is None or end is None:
+            return None
+        return Reading.between(start, end, len(self.cpus))

@@ -1,0 +1,78 @@
+"""Tests for autotune.interference: Linux's accounting of the other processes, read beside a real one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from autotune.interference import Reading, Sampler, Snapshot, describe_cpus
+
+linux_only = pytest.mark.skipif(not Sampler().available, reason="needs Linux's /proc/stat and schedstat")
+
+
+def _spin_on(cpu: int, seconds: float) -> Reading:
+    """What the sampler of one core reads while one thread of this process keeps that core busy.
+
+    The thread takes both snapshots itself: a thread's wait is read while it is alive.
+    """
+    sampler = Sampler(cpus=[cpu])
+    readings = []
+
+    def spin() -> None:
+        os.sched_setaffinity(0, {cpu})  # 0: the calling thread, not the process
+        start = sampler.snapshot()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+        readings.append(sampler.reading(start, sampler.snapshot()))
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    thread.join()
+    return readings[0]
+
+
+@linux_only
+def test_a_process_busy_on_our_core_is_read_as_others_and_as_our_wait():
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    busy_loop = (
+        f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); end = time.time() + 3\n"
+        "while time.time() < end: pass"
+    )
+    competitor = subprocess.Popen([sys.executable, "-c", busy_loop])
+    try:
+        time.sleep(0.2)  # the competitor is on the core
+        reading = _spin_on(cpu, 1.0)
+    finally:
+        competitor.kill()
+        competitor.wait()
+    # One core, two busy threads: each runs about half the time and waits the other half.
+    assert reading.others is not None and reading.others > 0.25
+    assert reading.waited > 0.25
+
+
+@linux_only
+def test_our_own_work_is_not_counted_as_others():
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    reading = _spin_on(cpu, 0.8)
+    assert reading.others is not None and reading.others < 0.5  # ours alone would read about 1.0 if counted
+
+
+def test_shares_from_counters():
+    start = Snapshot(0.0, 10.0, 1.0, {"1": 500_000_000, "2": 7})
+    end = Snapshot(2.0, 13.0, 2.0, {"1": 900_000_000, "3": 10**9})  # thread 2 ended, thread 3 started
+    reading = Reading.between(start, end, cores=2)
+    assert reading.others == pytest.approx((3.0 - 1.0) / 4.0)
+    assert reading.waited == pytest.approx(0.2)  # thread 1's 0.4 s over 2 s
+    assert Reading.between(start, Snapshot(0.1, 10.1, 1.0, {}), cores=2).others is None  # a span under the ticks
+
+
+def test_cores_are_described_as_a_user_reads_them():
+    assert describe_cpus([0, 1]) == "0-1"
+    assert describe_cpus([0, 2, 4]) == "0,2,4"
+    assert describe_cpus([3]) == "3"
