@@ -82,7 +82,9 @@ class Reading:
         others = (end.busy_s - start.busy_s) - (end.own_s - start.own_s)
         share = min(1.0, max(0.0, others / (wall * cores))) if wall >= SHARE_MIN_S else None
         # Threads alive at both ends: a thread that ended took its counter with it, one that started had none.
-        waited = sum(max(0, end.waited_ns[tid] - start.waited_ns[tid]) for tid in end.waited_ns.keys() & start.waited_ns)
+        waited = sum(
+            max(0, end.waited_ns[tid] - start.waited_ns[tid]) for tid in end.waited_ns.keys() & start.waited_ns
+        )
         return cls(wall, share, waited / 1e9 / wall)
 
 

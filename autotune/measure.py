@@ -160,6 +160,7 @@ class Busy:
         if not known:
             return None
         rounds = sum(busy.rounds for busy in known)
+
         def weighted(name: str) -> float | None:
             readable = [busy for busy in known if getattr(busy, name) is not None]
             if not readable:

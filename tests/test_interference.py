@@ -41,8 +41,7 @@ def _spin_on(cpu: int, seconds: float) -> Reading:
 def test_a_process_busy_on_our_core_is_read_as_others_and_as_our_wait():
     cpu = sorted(os.sched_getaffinity(0))[0]
     busy_loop = (
-        f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); end = time.time() + 3\n"
-        "while time.time() < end: pass"
+        f"import os, time; os.sched_setaffinity(0, {{{cpu}}}); end = time.time() + 3\nwhile time.time() < end: pass"
     )
     competitor = subprocess.Popen([sys.executable, "-c", busy_loop])
     try:

@@ -258,7 +258,11 @@ def test_rounds_in_a_slow_spell_do_not_count_and_the_measurement_goes_on_until_e
     candidate = counting(_spell_runner(1.0, 1.5, in_spell))
     pace = ReferencePace()
     latency = interleaved(
-        candidate, reference, Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, **UNWAITED), self_timed=True, pace=pace
+        candidate,
+        reference,
+        Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, **UNWAITED),
+        self_timed=True,
+        pace=pace,
     )
     assert latency.round_speedups == pytest.approx((2.0, 2.0, 2.0))  # rounds 0, 4, 5: the spell left out
     assert rounds_timed["n"] == 2 * 6  # three quiet rounds needed six
@@ -331,7 +335,9 @@ def test_a_model_of_microseconds_settles_after_a_bounded_number_of_rounds():
     from autotune.measure import SETTLE_ROUNDS, ReferencePace
 
     pace = ReferencePace()
-    latency = interleaved(lambda: 0.001, lambda: 0.002, Protocol(warmup=0, repeats=1, settle_s=3600.0, **UNWAITED), pace=pace)
+    latency = interleaved(
+        lambda: 0.001, lambda: 0.002, Protocol(warmup=0, repeats=1, settle_s=3600.0, **UNWAITED), pace=pace
+    )
     assert pace.rounds == SETTLE_ROUNDS and pace.timed_s < 3600
     assert latency.speedup > 0
 

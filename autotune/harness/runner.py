@@ -71,7 +71,11 @@ class _Scored:
 
 
 def _time_alone(
-    timer: Callable[[], float], reference: Callable[[], float], protocol: Protocol, pace: ReferencePace, sampler: Sampler
+    timer: Callable[[], float],
+    reference: Callable[[], float],
+    protocol: Protocol,
+    pace: ReferencePace,
+    sampler: Sampler,
 ) -> tuple[Latency | str, float]:
     """One engine against the reference alone: its latency or its error, and the seconds it took."""
     start = time.perf_counter()
@@ -293,9 +297,7 @@ class TrialRunner:
         reference = self._timer(self.reference, feeds)
         start = time.perf_counter()
         try:
-            latencies = side_by_side(
-                timers, reference, protocol, self_timed=True, pace=self.pace, sampler=self.sampler
-            )
+            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=self.pace, sampler=self.sampler)
             share_s = (time.perf_counter() - start) / max(1, len(pending))
             timed: list[tuple[Latency | str, float]] = [(latency, share_s) for latency in latencies]
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
