@@ -13,7 +13,7 @@ from autotune import api
 from autotune.config import ConfigError, dump_config, load_config
 from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
-from autotune.measure import compare_rounds
+from autotune.measure import Busy, compare_rounds
 from autotune.plan import PRECISIONS
 from autotune.tune import STRATEGIES, export_ranked, tune
 
@@ -76,6 +76,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
     specs = args.plan or ["int8"]
     results = api.evaluate_side_by_side(config, specs, split=args.split, isolate=not args.in_process)
+    _say_busy(results)
     if len(results) == 1 or args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
@@ -84,6 +85,16 @@ def _evaluate(args: argparse.Namespace) -> int:
         for spec, row in zip(specs, results, strict=True):
             print(_side_by_side_row(spec, row, results[0]))
     return 0 if all(result["status"] == "ok" for result in results) else 1
+
+
+def _say_busy(results: list[dict]) -> None:
+    """One line on stderr when other work got in the way of the timing (the rows share one measurement)."""
+    busy = next((row["busy"] for row in results if row.get("busy")), None)
+    if busy is None:
+        return
+    described = Busy.from_dict(busy)
+    if described.shared:
+        print(f"autotune: note: {described.describe()}", file=sys.stderr)
 
 
 def _side_by_side_row(spec: str, row: dict, first: dict) -> str:
@@ -128,7 +139,8 @@ def _print_summary(summary: dict) -> None:
     if best and ratio:
         pipelined_ratio = summary.get("winner_over_best_reference_back_to_back")
         both = f", {pipelined_ratio:.2f}x back to back" if pipelined_ratio else ""
-        print(f"winner against the fastest one-liner within the budget ({best}): {ratio:.2f}x one launch{both}")
+        caveat = " (the timing note below applies)" if summary.get("timing_note") else ""
+        print(f"winner against the fastest one-liner within the budget ({best}): {ratio:.2f}x one launch{both}{caveat}")
     if summary.get("reference_note"):
         print(f"note: {summary['reference_note']}")
     check = (summary.get("self_check") or {}).get("confirmation")

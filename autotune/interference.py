@@ -17,6 +17,7 @@ None there, so a caller can say that it cannot tell.
 from __future__ import annotations
 
 import os
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,7 @@ class Sampler:
 
     def __init__(self, cpus: list[int] | None = None) -> None:
         self.cpus = cpus if cpus is not None else usable_cpus()
+        self._random = random.Random(os.getpid())
         self.available = _PROC_STAT.exists() and (_TASKS / str(os.getpid())).exists() and self._schedstat_works()
 
     @staticmethod
@@ -138,6 +140,15 @@ class Sampler:
             except OSError:  # the thread ended between the listing and the read
                 continue
         return waited
+
+    def back_off(self, longest_s: float) -> float:
+        """Sleeps a random part of ``longest_s`` (off the cores, so the others can finish); returns the seconds.
+
+        Random, so that two processes that found each other on the cores do not come back in step.
+        """
+        seconds = self._random.uniform(0.25, 1.0) * longest_s
+        time.sleep(seconds)
+        return seconds
 
     def reading(self, start: Snapshot | None, end: Snapshot | None) -> Reading | None:
         """The reading between two snapshots of this sampler; None if either is."""

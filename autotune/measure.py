@@ -46,6 +46,9 @@ class Protocol:
             ``rounds``.
         busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
             scheduler) at most this fraction of its wall time; None: the wait is not checked.
+        busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds may
+            spend off the cores (a random back-off of ``BACK_OFF_S`` at a time, so two runs that time at once fall
+            out of step) before it times again; then it takes its least disturbed rounds and says it was too busy.
     """
 
     warmup: int = 2
@@ -55,6 +58,7 @@ class Protocol:
     settle_s: float = 5.0
     max_rounds: int | None = None
     busy_wait: float | None = 0.1
+    busy_patience_s: float = 10.0
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -65,6 +69,9 @@ class Protocol:
         """The rounds after which a settled measurement stops, quiet or not."""
         return max(self.rounds, self.max_rounds if self.max_rounds is not None else 4 * self.rounds)
 
+
+BACK_OFF_S = 2.0
+"""The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
 
 SETTLE_ROUNDS = 1000
 """Rounds after which a process has settled however short they were: a model that runs in microseconds would take
@@ -152,6 +159,11 @@ class Busy:
     def to_dict(self) -> dict[str, float | int | str | bool | None]:
         """A JSON-ready dict."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Busy:
+        """The inverse of ``to_dict``."""
+        return cls(**data)
 
     @classmethod
     def merged(cls, measurements: Sequence[Busy | None]) -> Busy | None:
@@ -318,6 +330,7 @@ def _rounds(
     round_medians: list[list[float]] = [[] for _ in runners]
     readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
     first = last = sampler.snapshot()
+    limit, backed_off_s = protocol.round_limit, 0.0
     while True:
         started = pace.clock()
         for runner in order(len(readings)):
@@ -327,9 +340,14 @@ def _rounds(
         readings.append(sampler.reading(last, now))
         last = now
         pace.add(round_medians[0][-1], pace.clock() - started)
-        counted = _counted(np.array(round_medians), _waits(readings), protocol, pace)
-        if counted is not None:
+        counted = _counted(np.array(round_medians), _waits(readings), protocol, pace, limit)
+        if counted is None:
+            continue
+        if counted[1] or backed_off_s >= protocol.busy_patience_s:
             break
+        backed_off_s += sampler.back_off(min(BACK_OFF_S, protocol.busy_patience_s - backed_off_s))
+        limit += protocol.round_limit
+        last = sampler.snapshot()  # the back-off is no round of its own
     rows, quiet = counted
     whole = sampler.reading(first, last)
     contended = sum(1 for wait in _waits(readings) if _contended(wait, protocol))
@@ -363,7 +381,7 @@ def _contended(wait: float | None, protocol: Protocol) -> bool:
 
 
 def _counted(
-    medians: np.ndarray, waits: Sequence[float | None], protocol: Protocol, pace: ReferencePace
+    medians: np.ndarray, waits: Sequence[float | None], protocol: Protocol, pace: ReferencePace, limit: int
 ) -> tuple[list[int], bool] | None:
     """The rounds that count once the measurement may stop and whether they were quiet; None while it goes on.
 
@@ -372,9 +390,10 @@ def _counted(
         waits: Per round, this process's run-queue wait per wall second (None: unknown).
         protocol: The protocol.
         pace: The process's reference pace.
+        limit: The rounds after which it stops, quiet or not (``Protocol.round_limit``, more after a back-off).
 
     It stops once ``protocol.rounds`` rounds are quiet (``_quiet_rounds``) and the process has settled. At
-    ``round_limit`` (settled) with fewer, the ``protocol.rounds`` least disturbed rounds count (uncontended first,
+    ``limit`` (settled) with fewer, the ``protocol.rounds`` least disturbed rounds count (uncontended first,
     then by the worst of the runners' medians over their fastest), and the measurement is not quiet.
     """
     timed = medians.shape[1]
@@ -384,7 +403,7 @@ def _counted(
     quiet = _quiet_rounds(medians, clear, protocol.quiet_band, pace.fastest_ms)
     if len(quiet) >= protocol.rounds:
         return quiet, True
-    if timed < protocol.round_limit:
+    if timed < limit:
         return None
     slowdown = (medians / medians.min(axis=1, keepdims=True)).max(axis=0)
     least = sorted(range(timed), key=lambda i: (_contended(waits[i], protocol), slowdown[i]))

@@ -32,6 +32,7 @@ from autotune.harness.selfcheck import (
     summary_fields,
     with_measured_noise,
 )
+from autotune.measure import Busy
 from autotune.model import LoadedModel
 from autotune.monitor import RunMonitor
 from autotune.plan import INT8_SCHEME_KNOB, PRECISIONS, KnobValue, Plan
@@ -246,6 +247,7 @@ class MonitoredHarness:
     def __init__(self, evaluator: Evaluator, monitor: RunMonitor):
         self.evaluator = evaluator
         self.monitor = monitor
+        self.said: set[str] = set()  # what the run has told its user about a shared machine, once each
 
     @property
     def builds(self) -> int:
@@ -264,7 +266,18 @@ class MonitoredHarness:
             self.monitor.record(result)
             if result.from_store:
                 RunMeta.count_cache_hit(store)
+            else:
+                self._say_if_busy(result)
             yield result
+
+    def _say_if_busy(self, result: TrialResult) -> None:
+        """One line the first time other work slows a trial, and one the first time it makes one unmeasurable."""
+        kind = "too_busy" if result.too_busy else "shared" if result.shared else None
+        if kind is None or kind in self.said:
+            return
+        self.said.add(kind)
+        later = "later trials are timed the same way; the summary counts them"
+        say(f"{Busy.from_dict(result.busy).describe()} (build {self.builds}); {later}")
 
 
 def search(

@@ -8,9 +8,9 @@ import pytest
 
 from autotune.measure import Latency, Protocol, interleaved
 
-EVERY_ROUND = {"quiet_band": None, "settle_s": 0.0, "busy_wait": None}
+EVERY_ROUND = {"quiet_band": None, "settle_s": 0.0, "busy_wait": None, "busy_patience_s": 0.0}
 """The protocol without quiet rounds: every round counts, the process needs no settling."""
-UNWAITED = {"busy_wait": None}
+UNWAITED = {"busy_wait": None, "busy_patience_s": 0.0}
 """Scripted runners on a real machine: the machine's own run-queue wait must not add rounds to the script."""
 
 WARMUP_S = 1000.0  # warm-up runs take so long that timing one would wreck every statistic
@@ -116,7 +116,7 @@ def test_speedup_property():
 
 
 def test_protocol_to_dict_and_defaults():
-    defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1}
+    defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1, "busy_patience_s": 10.0}
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
@@ -350,10 +350,15 @@ class ScriptedSampler:
     def __init__(self, waits) -> None:
         self.waits = waits
         self.taken = 0
+        self.backed_off: list[float] = []
 
     def snapshot(self) -> int:
         self.taken += 1
         return self.taken - 1
+
+    def back_off(self, longest_s: float) -> float:
+        self.backed_off.append(longest_s)
+        return longest_s
 
     def reading(self, start, end):
         from autotune.interference import Reading
@@ -433,9 +438,11 @@ def test_rounds_in_which_the_process_waited_for_a_core_do_not_count():
 
 def test_a_machine_busy_in_every_round_is_said_to_be_too_busy():
     sampler = ScriptedSampler(lambda k: 0.6)
-    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=5)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=5, busy_patience_s=5.0)
     latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
-    assert latency.busy.rounds == 5 and latency.busy.contended == 5 and not latency.busy.quiet
+    # It stepped off the cores (2 + 2 + 1 s of its 5 s of patience), each time timing 5 rounds more, in vain.
+    assert sampler.backed_off == [2.0, 2.0, 1.0]
+    assert latency.busy.rounds == 20 and latency.busy.contended == 20 and not latency.busy.quiet
     assert "too busy to measure" in latency.busy.describe()
 
 
@@ -457,3 +464,15 @@ def test_busy_figures_of_several_measurements_merge_weighted_by_rounds():
     assert (merged.rounds, merged.counted, merged.contended, merged.quiet) == (16, 8, 8, False)
     assert merged.others == pytest.approx((0.1 * 4 + 0.5 * 12) / 16)
     assert Busy.merged([None]) is None
+
+
+def test_a_measurement_that_backed_off_counts_the_quiet_rounds_after_it():
+    # The other process holds the cores for the first eight rounds, then leaves while this one waits off the cores.
+    sampler = ScriptedSampler(lambda k: 0.6 if k < 8 else 0.0)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=4)
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
+    # Four rounds, a back-off (the sampler's readings 0-3, then 4 spans the back-off), then rounds until two are
+    # quiet: readings 5-7 still busy, 8 and 9 quiet.
+    assert sampler.backed_off == [2.0]
+    assert latency.busy.quiet and latency.busy.counted == 2
+    assert (latency.busy.rounds, latency.busy.contended) == (9, 7)

@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.harness.evaluator import Evaluator
-from autotune.measure import SELF_CHECK_BAND, SelfCheck
+from autotune.measure import SELF_CHECK_BAND, Busy, SelfCheck
 from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
@@ -95,7 +95,10 @@ def check_confirmation_timing(
     one_liners: list[Plan],
     rounds: int | None,
 ) -> list[TrialResult]:
-    """Reads the confirmation's FP32 row as its self-check; outside the band, confirms everything once more, wider.
+    """Reads the confirmation's FP32 row as its self-check, and confirms everything once more where it must.
+
+    Outside the band, or where the machine was too busy to measure a row (``TrialResult.too_busy``), the finalists
+    are confirmed again in wider rounds, and the run says so in one line.
 
     Args:
         evaluator: The run's evaluator.
@@ -117,21 +120,45 @@ def check_confirmation_timing(
         return confirmed
     check = SelfCheck.of(row.speedup, row.round_speedups)
     used = rounds or config.confirm.rounds
-    if check.within_band or used >= WIDENING * config.confirm.rounds:
+    too_busy = busy_note(confirmed)
+    if (check.within_band and not too_busy) or used >= WIDENING * config.confirm.rounds:
         _store(store, confirmation=check.to_dict(), widened_rounds=rounds)
         if not check.within_band:
             say(note(check, "confirmation", f"finalists closer than {check.noise:.1%} are ties"))
+        if too_busy:
+            say(f"confirmation: {too_busy}")
         return confirmed
     wider = WIDENING * config.confirm.rounds
-    say(note(check, "confirmation", f"the finalists are confirmed again in {wider} rounds"))
+    if too_busy:
+        say(f"confirmation: {too_busy}; the finalists are confirmed again in {wider} rounds")
+    else:
+        say(note(check, "confirmation", f"the finalists are confirmed again in {wider} rounds"))
     results = evaluator.confirm_side_by_side([*(r.plan for r in confirmed), *one_liners], rounds=wider)
     again = next((r for r in results if r.plan_hash == fp32.hash), None)
     if again is not None and again.ok and again.speedup:
         check = SelfCheck.of(again.speedup, again.round_speedups)
         if not check.within_band:
             say(note(check, "confirmation, widened", f"finalists closer than {check.noise:.1%} are ties"))
+    if busy_note(results):
+        say(f"confirmation, widened: {busy_note(results)}")
     _store(store, confirmation=check.to_dict(), widened_rounds=wider)
     return results[: len(confirmed)]
+
+
+def busy_note(results: list[TrialResult]) -> str | None:
+    """One line when the machine was too busy for any of these results' ratios to be trusted, else None."""
+    busy = Busy.merged([Busy.from_dict(result.busy) for result in results if result.too_busy])
+    return None if busy is None else busy.describe()
+
+
+def busy_counts(results: list[TrialResult]) -> dict[str, int]:
+    """How many timed results other work got in the way of, and of how many the ratio cannot be trusted."""
+    timed = [result for result in results if result.busy]
+    return {
+        "timed": len(timed),
+        "shared": sum(result.shared for result in timed),
+        "too_busy": sum(result.too_busy for result in timed),
+    }
 
 
 def confirmation_noise(store: TrialStore) -> float:
@@ -147,5 +174,22 @@ def summary_fields(store: TrialStore) -> dict[str, Any]:
     for where in ("search", "confirmation"):
         if checks.get(where) and not checks[where].get("within_band", True):
             lines.append(note(SelfCheck.from_dict(checks[where]), where, "ratios within its noise are ties"))
+    confirmed = list(store.confirmations().values())
+    busy = {"search": busy_counts(list(store.trials())), "confirmation": busy_counts(confirmed)}
+    if busy["confirmation"]["too_busy"]:
+        lines.append(
+            f"the machine was too busy to measure {busy['confirmation']['too_busy']} of "
+            f"{busy['confirmation']['timed']} confirmations: their ratios are not to be trusted"
+        )
+    elif busy["search"]["shared"] or busy["confirmation"]["shared"]:
+        lines.append(
+            f"the machine was shared: other work slowed {busy['search']['shared']} of {busy['search']['timed']} "
+            f"trials and {busy['confirmation']['shared']} of {busy['confirmation']['timed']} confirmations "
+            "(their rounds were timed again until quiet)"
+        )
     low, high = SELF_CHECK_BAND
-    return {"self_check": {**checks, "band": [low, high]} if checks else None, "timing_note": "; ".join(lines) or None}
+    return {
+        "self_check": {**checks, "band": [low, high]} if checks else None,
+        "busy": busy,
+        "timing_note": "; ".join(lines) or None,
+    }
