@@ -471,8 +471,8 @@ def test_a_measurement_that_backed_off_counts_the_quiet_rounds_after_it():
     sampler = ScriptedSampler(lambda k: 0.6 if k < 8 else 0.0)
     protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=4)
     latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
-    # Four rounds, a back-off (the sampler's readings 0-3, then 4 spans the back-off), then rounds until two are
-    # quiet: readings 5-7 still busy, 8 and 9 quiet.
-    assert sampler.backed_off == [2.0]
+    # Four busy rounds (the sampler's spans 0-3), a back-off, four more of which one is quiet (spans 5-8), a second
+    # back-off, and one more quiet round (span 10): two quiet rounds count.
+    assert sampler.backed_off == [2.0, 2.0]
     assert latency.busy.quiet and latency.busy.counted == 2
     assert (latency.busy.rounds, latency.busy.contended) == (9, 7)
