@@ -279,12 +279,15 @@ class MeasureConfig(_Strict):
     """Seconds the trial process times before it trusts its fastest reference round as the machine's quiet pace;
     the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long."""
     max_rounds: int | None = Field(None, ge=1)
-    """Rounds after which a measurement stops although fewer than ``rounds`` were quiet (then the least disturbed
-    rounds count, and the result says the machine was too busy). None: four times ``rounds``."""
+    """Rounds after which a measurement backs off (``busy_patience_s``) or stops although fewer than ``rounds``
+    were quiet. None: four times ``rounds``."""
     busy_wait: float | None = Field(0.1, gt=0, le=1)
     """A round counts only when the trial process's threads waited for a core (the scheduler's run-queue wait) at
     most this fraction of its wall time: another busy process on the cores slows plans unequally, so such rounds
     are timed again. None: the wait is not checked (``autotune.interference``)."""
+    busy_patience_s: float = Field(5.0, ge=0)
+    """Seconds a measurement that found no quiet rounds may wait off the cores (random back-offs of up to 2 s, each
+    followed by more rounds) before it times each plan by its own fastest runs and says the machine was too busy."""
 
 
 class RewardConfig(_Strict):

@@ -12,7 +12,8 @@ every runner's median lies within ``quiet_band`` of that runner's fastest counte
 fastest this process has timed, ``ReferencePace``). A rule that looked at the reference alone kept rounds in which
 the reference happened to be fast and a candidate did not, and read FP32 against itself at 0.50x beside a busy
 process. The assumption is that interference only adds time, so each runner's fastest rounds are its quiet ones;
-the measurement goes on until ``rounds`` rounds count, and at its limit it takes the least disturbed rounds and says
+the measurement goes on until ``rounds`` rounds count. At its limit it steps off the cores for a random while and
+times on; when its patience is spent it times each runner by its own fastest runs over all its rounds, and says
 that the machine was too busy (``Busy.quiet`` False).
 """
 
@@ -41,14 +42,14 @@ class Protocol:
             None: no runner's pace is checked.
         settle_s: Wall seconds the process times before its fastest reference round is trusted as the machine's
             quiet pace: the first measurement of a process times at least this long.
-        max_rounds: Rounds after which a measurement that has settled stops with fewer quiet rounds than
-            ``rounds`` (then the least disturbed rounds count, and ``Busy.quiet`` is False); None: four times
-            ``rounds``.
+        max_rounds: Rounds after which a measurement that has settled backs off, or stops, with fewer quiet rounds
+            than ``rounds`` (``busy_patience_s``); None: four times ``rounds``.
         busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
             scheduler) at most this fraction of its wall time; None: the wait is not checked.
         busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds may
-            spend off the cores (a random back-off of ``BACK_OFF_S`` at a time, so two runs that time at once fall
-            out of step) before it times again; then it takes its least disturbed rounds and says it was too busy.
+            spend off the cores (a random back-off of up to ``BACK_OFF_S`` at a time, so two runs that time at once
+            fall out of step), timing ``round_limit`` rounds more after each; then it times each runner by its
+            fastest runs and says the machine was too busy.
     """
 
     warmup: int = 2
@@ -58,7 +59,7 @@ class Protocol:
     settle_s: float = 5.0
     max_rounds: int | None = None
     busy_wait: float | None = 0.1
-    busy_patience_s: float = 10.0
+    busy_patience_s: float = 5.0
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -127,8 +128,8 @@ class Busy:
             could not be read, or the measurement was too short to read it).
         waited: This process's run-queue wait per wall second over the measurement (None: as above).
         cpus: The cores accounted, as a user reads them (``0-1``).
-        quiet: Enough rounds counted; False when the measurement stopped at its limit and took its least disturbed
-            rounds: the machine was too busy for its ratios to be trusted.
+        quiet: Enough rounds counted; False when the measurement ran out of patience without them and timed
+            each runner by its own fastest runs (``_from_floors``): the machine was too busy for a paired ratio.
     """
 
     rounds: int
@@ -153,7 +154,10 @@ class Busy:
             else "Linux's accounting could not be read"
         )
         if not self.quiet:
-            return f"the machine was too busy to measure ({what}); its ratios are not to be trusted"
+            return (
+                f"the machine was too busy to measure ({what}); each plan was timed by its fastest runs, "
+                "a less certain figure"
+            )
         return f"the machine was busy ({what}); timings extended to {self.counted} quiet rounds"
 
     def to_dict(self) -> dict[str, float | int | str | bool | None]:
@@ -345,21 +349,22 @@ def _rounds(
             continue
         if counted[1] or backed_off_s >= protocol.busy_patience_s:
             break
-        backed_off_s += sampler.back_off(min(BACK_OFF_S, protocol.busy_patience_s - backed_off_s))
+        backed_off_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
     rows, quiet = counted
     whole = sampler.reading(first, last)
-    contended = sum(1 for wait in _waits(readings) if _contended(wait, protocol))
     busy = Busy(
         len(readings),
-        len(rows),
-        contended,
+        len(rows) if quiet else protocol.rounds,
+        sum(1 for wait in _waits(readings) if _contended(wait, protocol)),
         None if whole is None else whole.others,
         None if whole is None else whole.waited,
         describe_cpus(sampler.cpus),
         quiet,
     )
+    if not quiet:
+        return _from_floors(blocks, protocol.rounds, busy)
     reference = [blocks[0][i] for i in rows]
     reference_median, reference_iqr = _stats([ms for block in reference for ms in block])
     latencies = []
@@ -367,6 +372,24 @@ def _rounds(
         candidate = [blocks[runner][i] for i in rows]
         median, iqr = _stats([ms for block in candidate for ms in block])
         ratios = tuple(float(np.median(r) / np.median(c)) for r, c in zip(reference, candidate, strict=True))
+        latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios, busy))
+    return latencies
+
+
+def _from_floors(blocks: list[list[list[float]]], count: int, busy: Busy) -> list[Latency]:
+    """Each runner by its own ``count`` fastest rounds' fastest runs, where no round was quiet for all at once.
+
+    Interference only adds time, so a runner's fastest runs over many rounds are its unhindered ones whichever
+    rounds they fell in; on a 2-core VM beside a busy loop at nice 0 this read FP32 against itself at 0.995-1.007
+    over 32 rounds and more, where no round was quiet. The k-th fastest of the reference over the k-th fastest of a
+    candidate is its k-th "round" ratio, so plans timed together still compare index by index.
+    """
+    floors = [sorted(min(block) for block in runner_blocks)[:count] for runner_blocks in blocks]
+    reference_median, reference_iqr = _stats(floors[0])
+    latencies = []
+    for floor in floors[1:]:
+        median, iqr = _stats(floor)
+        ratios = tuple(float(r / c) for r, c in zip(floors[0], floor, strict=True))
         latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios, busy))
     return latencies
 
@@ -393,8 +416,8 @@ def _counted(
         limit: The rounds after which it stops, quiet or not (``Protocol.round_limit``, more after a back-off).
 
     It stops once ``protocol.rounds`` rounds are quiet (``_quiet_rounds``) and the process has settled. At
-    ``limit`` (settled) with fewer, the ``protocol.rounds`` least disturbed rounds count (uncontended first,
-    then by the worst of the runners' medians over their fastest), and the measurement is not quiet.
+    ``limit`` (settled) with fewer, it returns no rounds and not quiet: the caller backs off and times on, or
+    times each runner by its fastest runs (``_from_floors``).
     """
     timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
@@ -405,9 +428,7 @@ def _counted(
         return quiet, True
     if timed < limit:
         return None
-    slowdown = (medians / medians.min(axis=1, keepdims=True)).max(axis=0)
-    least = sorted(range(timed), key=lambda i: (_contended(waits[i], protocol), slowdown[i]))
-    return sorted(least[: protocol.rounds]), False
+    return [], False
 
 
 def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, reference_fastest_ms: float) -> list[int]:
