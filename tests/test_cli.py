@@ -293,3 +293,17 @@ def test_resume_set_continues_a_finished_run_to_a_larger_budget_and_refuses_othe
     assert "builds 3," in capsys.readouterr().out
     assert json.loads((run_dir / "summary.json").read_text())["builds"] == 3
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["budget"]["builds"] == 3  # a later resume keeps it
+
+
+def test_evaluate_says_in_one_line_when_other_work_got_in_the_way_of_its_timing(capsys):
+    from autotune.cli import _say_busy
+
+    busy = {"rounds": 9, "counted": 4, "contended": 5, "others": 0.46, "waited": 0.3, "cpus": "0-1", "quiet": True}
+    _say_busy([{"status": "ok", "busy": busy}, {"status": "ok", "busy": busy}])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "autotune: note: the machine was busy (other processes took 46% of cores 0-1; the timed threads waited for "
+        "a core in 5 of 9 rounds); timings extended to 4 quiet rounds"
+    ]
+    _say_busy([{"status": "ok", "busy": {**busy, "contended": 0}}, {"status": "failed", "busy": None}])
+    assert capsys.readouterr().err == ""

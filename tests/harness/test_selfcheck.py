@@ -127,3 +127,37 @@ def test_the_summary_has_no_note_when_every_check_was_true(tmp_path, config):
         check_confirmation_timing(evaluator, store, config, [_result(FP32, [1.0, 1.0])], FP32, [], None)
         fields = summary_fields(store)
     assert fields["timing_note"] is None and set(fields["self_check"]) >= {"search", "confirmation"}
+
+
+BUSY = {"rounds": 40, "counted": 4, "contended": 40, "others": 0.5, "waited": 0.9, "cpus": "0-1", "quiet": False}
+
+
+def test_a_confirmation_the_machine_kept_too_busy_is_confirmed_again_and_said_once(tmp_path, config, capsys):
+    import dataclasses
+
+    evaluator = ScriptedEvaluator(config, [[1.0] * 8])
+    first = [dataclasses.replace(r, busy=BUSY) for r in (_result(INT8, [1.2] * 4), _result(FP32, [1.0] * 4))]
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        again = check_confirmation_timing(evaluator, store, config, first, FP32, [], None)
+    assert evaluator.calls == [("confirm", WIDENING * 4)]  # FP32 read true: only the busy machine asked for it
+    assert not any(result.too_busy for result in again)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "too busy to measure" in lines[0] and "confirmed again in 8 rounds" in lines[0]
+
+
+def test_the_summary_counts_the_trials_and_confirmations_other_work_got_in_the_way_of(tmp_path, config):
+    import dataclasses
+
+    shared = {**BUSY, "quiet": True, "contended": 3}
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        store.put(dataclasses.replace(_result(INT8, [1.2]), busy=shared))
+        store.put(_result(FP32, [1.0]))
+        store.put_confirmation(dataclasses.replace(_result(FP32, [1.0]), busy={**shared, "contended": 0}))
+        fields = summary_fields(store)
+        assert fields["busy"] == {
+            "search": {"timed": 1, "shared": 1, "too_busy": 0},
+            "confirmation": {"timed": 1, "shared": 0, "too_busy": 0},
+        }
+        assert "the machine was shared: other work slowed 1 of 1 trials" in fields["timing_note"]
+        store.put_confirmation(dataclasses.replace(_result(INT8, [1.2]), busy=BUSY))
+        assert "too busy to measure 1 of 2 confirmations" in summary_fields(store)["timing_note"]
