@@ -14,8 +14,7 @@ from autotune.store import TrialStore
 from autotune.trial import FAILED, OK
 from autotune.tune import tune
 from tests.reliability import faults
-from tests.reliability.helpers import fast_config
-from tests.reliability.test_trial_faults import _plans
+from tests.reliability.helpers import distinct_plans, fast_config
 
 TWO_WORKERS = {"workers": 2}
 ONE_THREAD = {"intra_op_threads": 1, "timeout_s": 120}
@@ -38,7 +37,7 @@ def test_execution_config_is_validated_like_the_rest(tmp_path):
 
 def test_workers_run_on_their_own_cores_and_every_result_is_committed_once(tmp_path):
     config = fast_config(tmp_path, execution=TWO_WORKERS, backend=ONE_THREAD)
-    plans = _plans(config, 5)
+    plans = distinct_plans(config, 5)
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         pool = evaluator._pool
         assert isinstance(pool, LocalPool) and evaluator.workers == 2
@@ -59,7 +58,7 @@ def test_a_worker_killed_mid_trial_is_replaced_and_its_trial_runs_again_elsewher
     config = fast_config(
         tmp_path, execution=TWO_WORKERS, backend=ONE_THREAD, metric={"name": "custom", "function": faults.METRIC}
     )
-    plans = _plans(config, 4)
+    plans = distinct_plans(config, 4)
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         results = list(evaluator.evaluate_many(plans))
         assert (folder / "killed").exists()
@@ -74,7 +73,7 @@ def test_a_trial_whose_worker_dies_twice_is_a_failed_trial_and_the_run_goes_on(t
     config = fast_config(
         tmp_path, execution=TWO_WORKERS, backend=ONE_THREAD, metric={"name": "custom", "function": faults.METRIC}
     )
-    plans = _plans(config, 2)
+    plans = distinct_plans(config, 2)
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         results = list(evaluator.evaluate_many(plans))
         assert [r.status for r in results] == [FAILED, FAILED]

@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
+from autotune.api import analyze
 from autotune.cli import main
 from autotune.config import TuneConfig, dump_config
+from autotune.search.episode import decisions, plan_from_actions
 from autotune.store import TrialStore
 from autotune.testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-FAST_MEASURE = {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0}
+FAST_MEASURE = {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0, "busy_patience_s": 0}
 FAST_CONFIRM = {"top_k": 2, "repeats": 1, "rounds": 1}
 
 
@@ -170,3 +172,19 @@ def rss_kb(pid: int) -> int:
 def fd_count(pid: int) -> int:
     """Open file descriptors of a process."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def distinct_plans(config, count: int) -> list:
+    """``count`` distinct valid plans of the tiny model."""
+    _, space = analyze(config, profile=False)
+    steps = decisions(space)
+    plans, seen = [], set()
+    action = 0
+    while len(plans) < count:
+        actions = [(action >> i) % len(step.options) for i, step in enumerate(steps)]
+        plan = plan_from_actions(space, steps, actions)
+        if plan.hash not in seen:
+            seen.add(plan.hash)
+            plans.append(plan)
+        action += 1
+    return plans

@@ -93,7 +93,9 @@ def soak(root: Path, trials: int, faults_folder: Path | None = None, interval_s:
             done = trial_count(store)
             child = _trial_process(process.pid)
             seen = result.samples[-1][0] if result.samples else -1
-            if child is not None and seen < done < trials:  # one sample per new trial count, while searching
+            # One sample per new trial count, the last one (all trials in) while the run confirms: a busy machine
+            # that lets the poll miss trials in between still samples the growth the whole search left.
+            if child is not None and seen < done <= trials:
                 try:
                     sample = (done, rss_kb(process.pid), fd_count(process.pid), child, rss_kb(child), fd_count(child))
                 except (OSError, AssertionError):  # a process ended between the calls

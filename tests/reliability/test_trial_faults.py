@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.api import analyze
 from autotune.harness import Evaluator, SetupError
-from autotune.search.episode import decisions, plan_from_actions
 from autotune.store import TrialStore
 from autotune.trial import FAILED, OK, TIMEOUT
 from autotune.tune import tune
 from tests.reliability import faults
-from tests.reliability.helpers import alive, cli, fast_config, write_config
+from tests.reliability.helpers import alive, cli, distinct_plans, fast_config, write_config
 
 
 def _faulty_config(root: Path, timeout_s: float, **overrides):
@@ -27,27 +25,11 @@ def _faulty_config(root: Path, timeout_s: float, **overrides):
     )
 
 
-def _plans(config, count: int) -> list:
-    """``count`` distinct valid plans of the tiny model."""
-    _, space = analyze(config, profile=False)
-    steps = decisions(space)
-    plans, seen = [], set()
-    action = 0
-    while len(plans) < count:
-        actions = [(action >> i) % len(step.options) for i, step in enumerate(steps)]
-        plan = plan_from_actions(space, steps, actions)
-        if plan.hash not in seen:
-            seen.add(plan.hash)
-            plans.append(plan)
-        action += 1
-    return plans
-
-
 def test_crash_signal_hang_and_exception_each_become_a_failed_trial(tmp_path, monkeypatch):
     folder = faults.write_plan(tmp_path / "faults", {"2": "kill", "3": "segv", "4": "hang", "5": "raise"})
     monkeypatch.setenv(faults.ENV, str(folder))
     config = _faulty_config(tmp_path, timeout_s=3)
-    plans = _plans(config, 6)
+    plans = distinct_plans(config, 6)
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         first_pid = evaluator._child._process.pid
         results = [evaluator.evaluate(plan) for plan in plans]
@@ -76,7 +58,7 @@ def test_trial_process_killed_from_outside_during_a_trial(tmp_path, monkeypatch)
     folder = faults.write_plan(tmp_path / "faults", {"1": "hang"})
     monkeypatch.setenv(faults.ENV, str(folder))
     config = _faulty_config(tmp_path, timeout_s=120)
-    plans = _plans(config, 2)
+    plans = distinct_plans(config, 2)
 
     def kill_when_hanging() -> None:
         deadline = time.monotonic() + 60
@@ -148,7 +130,7 @@ def test_trial_process_ends_quietly_when_the_run_stops_mid_trial(tmp_path, monke
     folder = faults.write_plan(tmp_path / "faults", {"1": "slow"})
     monkeypatch.setenv(faults.ENV, str(folder))
     config = _faulty_config(tmp_path, timeout_s=60)
-    plan = _plans(config, 1)[0]
+    plan = distinct_plans(config, 1)[0]
     with TrialStore(tmp_path / "trials.sqlite") as store:
         evaluator = Evaluator(config, store)
         process = evaluator._child._process
@@ -165,7 +147,7 @@ def test_a_plan_that_kills_the_trial_process_side_by_side_costs_the_others_nothi
     folder = faults.write_plan(tmp_path / "faults", {"2": "kill", "4": "kill"})
     monkeypatch.setenv(faults.ENV, str(folder))
     config = _faulty_config(tmp_path, timeout_s=30)
-    plans = _plans(config, 3)
+    plans = distinct_plans(config, 3)
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         results = evaluator.measure_side_by_side(plans, "holdout")
         assert [r.status for r in results] == [OK, FAILED, OK]
