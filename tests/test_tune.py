@@ -373,7 +373,7 @@ def test_a_run_from_an_incomparable_run_is_refused_in_one_line(tmp_path):
     other = tiny_config(
         tmp_path,
         name="other",
-        measure={"warmup": 1, "repeats": 5, "rounds": 1, "settle_s": 0},
+        measure={"warmup": 1, "repeats": 5, "rounds": 1, "settle_s": 0, "busy_patience_s": 0},
         from_runs=[str(first.run_dir)],
     )
     with pytest.raises(ConfigError, match=r"not comparable with this run \(measure differ\)") as error:
