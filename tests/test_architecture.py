@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "autotune",
         "autotune.config",
+        "autotune.searchconfig",
         "autotune.optypes",
         "autotune.plan",
         "autotune.files",
@@ -28,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     (
         "autotune.model",
+        "autotune.autoconfig",
         "autotune.torch_export",
         "autotune.intake",
         "autotune.units",
