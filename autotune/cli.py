@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")
     _add_config(tune)
-    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
     _add_from(tune)
     tune.set_defaults(handler=_tune)
 
