@@ -342,13 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(baseline)
     baseline.add_argument("--strategy", required=True, choices=STRATEGIES)
     baseline.add_argument("--budget", type=int, help="builds (default budget.builds of the config)")
-    baseline.add_argument("--seed", type=int, default=0)
-    baseline.add_argument("--no-progress", action="store_true")
+    baseline.add_argument("--seed", type=int, default=0, help="the run's seed; its name ends in -STRATEGY-sSEED")
+    baseline.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
     _add_from(baseline)
     baseline.set_defaults(handler=_baseline)
 
     resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")
-    resume.add_argument("run_dir")
+    resume.add_argument("run_dir", help="the run's directory, runs/NAME")
     resume.add_argument(
         "--set",
         action="append",
@@ -357,11 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"override a key of {', '.join(s + '.*' for s in RESUMABLE_SECTIONS)} for the rest of the run, "
         "e.g. budget.builds=80 to continue a finished run longer",
     )
-    resume.add_argument("--no-progress", action="store_true")
+    resume.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
     resume.set_defaults(handler=_resume)
 
     export = commands.add_parser("export", help="export a ranked confirmed plan of a finished run")
-    export.add_argument("run_dir")
+    export.add_argument("run_dir", help="a finished run's directory, runs/NAME")
     export.add_argument("--rank", type=int, default=1, help="1 = the winner")
     export.add_argument("--out", help="output folder (default RUN_DIR/best)")
     export.set_defaults(handler=_export)

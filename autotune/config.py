@@ -29,8 +29,11 @@ class InputConfig(_Strict):
     """One model input at the shape it is tuned and deployed with."""
 
     name: str
+    """The input's name in the graph."""
     shape: list[Annotated[int, Field(gt=0)]]
+    """Its full shape, batch first; every batch of the data has it."""
     dtype: Literal["float32", "float16", "int64", "int32", "uint8", "int8", "bool"] = "float32"
+    """Its element type; the data's arrays must have it."""
 
 
 class ModelConfig(_Strict):
@@ -41,6 +44,7 @@ class ModelConfig(_Strict):
     torch: str | None = None
     """A ``package.module:function`` returning a ``torch.nn.Module``; exported with ``torch.onnx.export`` and cached."""
     opset: int = Field(17, ge=13, le=23)
+    """The ONNX opset a ``torch`` factory is exported at (an ONNX file keeps its own)."""
     include_activation_matmuls: bool = False
     """Also tune MatMuls whose both inputs are activations (attention's QK^T and AV)."""
 
@@ -57,10 +61,13 @@ class DataSource(_Strict):
     """A set of batches: an ``.npz`` file (arrays named after the inputs, plus optional ``labels``) or a generator."""
 
     npz: Path | None = None
+    """An ``.npz`` file: one array per model input, named after it, samples along the first axis (plus an optional
+    ``labels`` array); cut into batches of the inputs' first dimension."""
     generator: str | None = None
     """``package.module:function(**kwargs)`` returning an iterable of ``{input name: array}`` batches
     (a ``labels`` key holds labels)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the ``generator``."""
     random: Annotated[int, Field(gt=0)] | None = None
     """Number of random batches (latency-only runs and tests; fidelity metrics still work)."""
     limit: Annotated[int, Field(gt=0)] | None = None
@@ -86,7 +93,9 @@ class DataConfig(_Strict):
     """Calibration data, the evaluation data the search uses, and held-out data it never sees."""
 
     calibration: DataSource
+    """What the calibration ranges are computed on."""
     evaluation: DataSource
+    """What every plan's accuracy is measured on during the search."""
     holdout: DataSource | None = None
     """Used only to confirm the finalists before export; defaults to the evaluation data (not held out)."""
 
@@ -95,6 +104,9 @@ class MetricConfig(_Strict):
     """The accuracy metric; the accuracy drop is the reference's value minus the plan's, in the metric's units."""
 
     name: Literal["cosine", "top1_agreement", "snr", "top1", "custom"] = "cosine"
+    """``cosine``: mean cosine similarity to the FP32 outputs; ``top1_agreement``: share of samples whose argmax
+    matches FP32's; ``snr``: signal-to-noise ratio against FP32 in dB; ``top1``: accuracy against the data's labels;
+    ``custom``: ``function``."""
     output: str | None = None
     """Model output to score; default the first."""
     function: str | None = None
@@ -189,6 +201,8 @@ class BackendConfig(_Strict):
     """The backend that builds and measures engines, and its deployment settings (not searched)."""
 
     name: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
+    """``onnxruntime`` (CPU, the embedded default), ``tensorrt`` (NVIDIA GPUs, the ``tensorrt`` extra) or ``torch``
+    (a PyTorch module on an NVIDIA GPU)."""
     intra_op_threads: int = Field(2, gt=0)
     """ORT: threads per session, fixed by the deployment."""
     timeout_s: float = Field(600.0, gt=0)
@@ -231,12 +245,15 @@ class SearchSpaceConfig(_Strict):
     exclude_layers: str | None = None
     """Regex: keep matching layers in FP32."""
     op_types: list[TunableOp] | None = None
+    """Op types whose layers are tuned; the others stay FP32. Default every tunable op type."""
     calibration_methods: list[Literal["layerwise", "max", "percentile", "entropy"]] = list(CALIBRATION_METHODS)
     """Values of the ``calibration`` knob, the first being its default: ``max``, ``percentile`` or ``entropy``
     ranges for every layer, or ``layerwise``: per layer, whichever of those three or of SmoothQuant at two strengths
     hurts the output least when that layer alone is INT8 (chosen once on the calibration data and cached; see
     ``autotune.quant.layerwise``)."""
     weight_granularity: list[Literal["per_channel", "per_tensor"]] = ["per_channel", "per_tensor"]
+    """Values of the ``weight_granularity`` knob (INT8 weight scales per output channel or per tensor), the first
+    being its default."""
     knobs: dict[str, list[KnobValue]] = Field(default_factory=dict)
     """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""
     group_size: int = Field(1, gt=0)
@@ -267,7 +284,9 @@ class CalibrationConfig(_Strict):
     """Settings of our calibration (TensorRT 11 has none)."""
 
     percentile: float = Field(99.99, gt=0, le=100)
+    """The percentile of absolute activation values the ``percentile`` method takes as the range."""
     num_bins: int = Field(2048, ge=128)
+    """Histogram bins of each activation, for the ``percentile`` and ``entropy`` methods."""
 
 
 class MeasureConfig(_Strict):
@@ -276,6 +295,7 @@ class MeasureConfig(_Strict):
     warmup: int = Field(2, ge=1)
     """Untimed runs after every switch between sessions (the first run after a switch is 1.5x slower)."""
     repeats: int = Field(5, ge=1)
+    """Timed runs of each session per round."""
     rounds: int = Field(4, ge=1)
     """Quiet rounds per measurement: the speedup is the median of their ratios (``autotune.measure``)."""
     quiet_band: float | None = Field(0.05, gt=0)
@@ -307,8 +327,11 @@ class ConfirmConfig(_Strict):
     """Re-measurement of the finalists before export: many short rounds, each compared within itself."""
 
     top_k: int = Field(5, gt=0)
+    """Finalists confirmed: the best plans of the search (``autotune.search.select``)."""
     repeats: int = Field(10, ge=1)
+    """Timed runs of each finalist, one-liner and FP32 per round."""
     rounds: int = Field(8, ge=1)
+    """Rounds of the confirmation, each timing FP32, every finalist and the one-liners in turn."""
     self_check: bool = True
     """Time FP32 against itself before the search and read the confirmation's FP32 row the same way
     (``autotune.harness.selfcheck``): outside [0.97, 1.03] the run says so, confirms in more rounds, and ratios
@@ -353,6 +376,7 @@ class TuneConfig(_Strict):
     name: str
     """Run name: the run directory is ``<runs_dir>/<name>``."""
     seed: int = 0
+    """Seed of the search, the policy and random data."""
     model: ModelConfig
     inputs: list[InputConfig] = Field(default_factory=list)
     """Input shapes and dtypes; required for inputs with dynamic dimensions."""
@@ -371,6 +395,7 @@ class TuneConfig(_Strict):
     confirm: ConfirmConfig = ConfirmConfig()
     execution: ExecutionConfig = ExecutionConfig()
     runs_dir: Path = Path("runs")
+    """Folder of the run directories (relative to the working directory)."""
     cache_dir: Path = Path(".cache/autotune")
     """Exported models and calibration statistics, shared by runs."""
     from_runs: list[Path] = Field(default_factory=list)

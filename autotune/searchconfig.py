@@ -26,8 +26,11 @@ class RewardConfig(StrictSection):
     """
 
     accuracy_penalty: float = Field(5.0, ge=0)
+    """The penalty per unit of excess (``penalty_units``) over the accuracy budget."""
     penalty_units: Literal["budget", "metric"] = "budget"
+    """``budget``: excess counted in accuracy budgets; ``metric``: in the metric's own units."""
     failure: float = -1.0
+    """The reward of a plan that failed to build or run."""
     tie_within: float | None = Field(None, ge=0)
     """Relative speedup differences the reward treats as ties (``autotune.search.reward.latency_gain``); None: the
     noise of the run's own FP32 self-check (``autotune.measure.SelfCheck``), 0: none."""
@@ -39,14 +42,23 @@ class PPOConfig(StrictSection):
     episodes_per_update: int = Field(8, gt=0)
     """Episodes (plans) collected per policy update; n_steps = this x the episode length."""
     minibatches: int = Field(4, gt=0)
+    """Minibatches each update's rollout is cut into."""
     n_epochs: int = Field(10, gt=0)
+    """Passes over each rollout per update."""
     learning_rate: float = Field(3e-4, gt=0)
+    """Adam's learning rate."""
     gamma: float = Field(1.0, gt=0, le=1)
+    """Discount per step; 1: none (an episode is one plan, its return the plan's reward)."""
     gae_lambda: float = Field(0.95, gt=0, le=1)
+    """GAE's bias-variance trade-off of the advantage estimates."""
     ent_coef: float = Field(0.01, ge=0)
+    """Entropy bonus weight: keeps the policy exploring."""
     clip_range: float = Field(0.2, gt=0)
+    """PPO's clipping of the policy ratio."""
     net_arch: list[Annotated[int, Field(gt=0)]] = [64, 64]
+    """Hidden layer widths of the policy and value networks."""
     checkpoint_every_builds: int = Field(25, gt=0)
+    """Save the policy to ``checkpoints/`` every this many builds."""
     imagined_episodes: int = Field(128, ge=0)
     """Episodes rehearsed on the additive model of the trials so far after every real update (Dyna-style);
     they cost no build. 0: learn from real builds only."""

@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("envs",),
     ("autotune.agent", "autotune.api", "autotune.monitor", "autotune.report"),
     ("autotune.tune",),
-    ("autotune.cli", "autotune.__main__", "autotune.testing", "autotune.examples"),
+    ("autotune.cli", "autotune.__main__", "autotune.testing", "autotune.examples", "autotune.docgen"),
 ]
 """Each module's layer, bottom first: a module may import its own layer's modules and the layers below it."""
 
