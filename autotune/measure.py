@@ -6,9 +6,9 @@ finalists; the plans ``autotune evaluate`` compares).
 
 Only quiet rounds count. On a shared 2-vCPU VM the host takes a core for spells of 0.1 s to 9 s; in such a spell a
 two-thread ONNX Runtime session of the 3 ms CNN runs INT8 slower than FP32, so the ratio itself moves (1.82x
-quiet, 1.65-1.81x in the spells: ``bench/timing_trace.py``) and no interleaving cancels it. The reference's pace
-tells the spells apart: a round counts when its reference ran within ``quiet_band`` of the fastest reference round
-this process has timed (``ReferencePace``), the measurement goes on until ``rounds`` such rounds are in, and the
+quiet, 1.65-1.81x in the spells: ``bench/research/timing_trace.py``) and no interleaving cancels it. The reference's
+pace tells the spells apart: a round counts when its reference ran within ``quiet_band`` of the fastest reference
+round this process has timed (``ReferencePace``), the measurement goes on until ``rounds`` such rounds are in, and the
 process first times for ``settle_s`` seconds, long enough to have seen the machine quiet.
 """
 
