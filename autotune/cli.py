@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune import api
 from autotune.autoconfig import (
@@ -298,11 +299,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="autotune", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def _add_model_commands(commands: Any) -> None:
+    """``init``, ``inspect`` and ``evaluate``: a config or a model file, nothing searched."""
     init = commands.add_parser(
         "init", help="print the config `autotune tune MODEL.onnx --data SAMPLES.npz` runs, commented, to edit"
     )
@@ -332,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.set_defaults(handler=_evaluate)
 
+
+def _add_search_commands(commands: Any) -> None:
+    """``tune`` and ``baseline``: a search, confirmed and exported."""
     tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")
     _add_config(tune)
     tune.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
@@ -347,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_from(baseline)
     baseline.set_defaults(handler=_baseline)
 
+
+def _add_run_commands(commands: Any) -> None:
+    """``resume``, ``export`` and ``report``: what a run directory is used for later."""
     resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")
     resume.add_argument("run_dir", help="the run's directory, runs/NAME")
     resume.add_argument(
@@ -369,6 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="write report.md and figures into a run directory")
     report.add_argument("run_dirs", nargs="+", help="the run to report on, then runs to overlay in the progress plot")
     report.set_defaults(handler=_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="autotune", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    _add_model_commands(commands)
+    _add_search_commands(commands)
+    _add_run_commands(commands)
     return parser
 
 
