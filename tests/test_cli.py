@@ -309,7 +309,7 @@ def model_and_samples(tmp_path, monkeypatch):
 
 
 QUICK = ["--set", "measure.settle_s=0", "--set", "measure.rounds=1", "--set", "confirm.rounds=1"]
-QUICK += ["--set", "confirm.top_k=2", "--set", "confirm.self_check=false", "--set", "ppo.compute_share=0"]
+QUICK += ["--set", "confirm.top_k=2", "--set", "confirm.self_check=false", "--set", "ppo.imagined_episodes=16"]
 """A few builds of a tiny model timed in one round: what the tests need, not what a user would run."""
 
 
@@ -331,9 +331,7 @@ def test_init_writes_the_config_that_tune_takes_unchanged(model_and_samples, cap
     assert load_config(tmp_path / "seven.yaml").budget.builds == 7
 
 
-def test_tune_a_model_file_with_its_samples_then_resume_export_and_report_its_run(
-    model_and_samples, capsys, monkeypatch
-):
+def test_a_model_file_and_its_samples_evaluate_tune_resume_export_and_report(model_and_samples, capsys, monkeypatch):
     import functools
 
     import autotune.cli
@@ -341,6 +339,9 @@ def test_tune_a_model_file_with_its_samples_then_resume_export_and_report_its_ru
 
     monkeypatch.setattr(autotune.cli, "tune", functools.partial(autotune.cli.tune, isolate=False))  # no child process
     model, samples = model_and_samples
+    assert main(["evaluate", model, "--data", samples, "--plan", "int8", "--in-process", *QUICK]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "ok" and result["plan"]["precisions"] == {"proj": "int8"}
     assert main(["tune", model, "--data", samples, "--set", "budget.builds=2", *QUICK, "--no-progress"]) == 0
     assert "builds 2," in capsys.readouterr().out
     run = load_config("runs/model/config.yaml")  # the resolved config: the run's own from now on
