@@ -98,14 +98,14 @@ def _read_samples(path: Path) -> dict[str, np.ndarray]:
         ) from None
 
 
-def _input_shape(spec: InputSpec, array: np.ndarray, batch: int | None, data: Path) -> tuple[int, ...]:
+def _input_shape(spec: InputSpec, array: np.ndarray, batch: int, data: Path) -> tuple[int, ...]:
     """The shape one input is tuned at: the graph's static dimensions, the data's for the dynamic ones."""
     if array.ndim != len(spec.shape):
         raise ConfigError(
             f"--data {data}: array {spec.name!r} has shape {list(array.shape)} (samples first), the model takes "
             f"rank {len(spec.shape)} {_dims(spec.shape)}: stack one sample per row along a first axis"
         )
-    shape = [batch or spec.shape[0], *array.shape[1:]]
+    shape = [batch, *array.shape[1:]]
     for axis, declared in enumerate(spec.shape[1:], start=1):
         if declared > 0 and declared != array.shape[axis]:
             raise ConfigError(
