@@ -1,4 +1,4 @@
-"""The one typed config that the CLI and the Python API both take."""
+"""The one typed config that the CLI and the Python API both take (its search sections: ``autotune.searchconfig``)."""
 
 from __future__ import annotations
 
