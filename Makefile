@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-haswell lint install clean
+.PHONY: demo test test-haswell lint docs install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ QEMU_HASWELL ?= qemu-x86_64 -cpu Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invp
 
 test-haswell: $(STAMP)
 	$(QEMU_HASWELL) $(BIN)/python -m pytest -q -m int8_numeric -p no:cacheprovider
+
+# docs/reference/config.md and cli.md, written from the pydantic models and the argparse parser (tests/test_docgen.py
+# fails when they are stale)
+docs: $(STAMP)
+	$(BIN)/python -m autotune.docgen
 
 lint: $(STAMP)
 	$(BIN)/ruff check autotune envs tests

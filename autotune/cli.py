@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune import api
-from autotune.config import ConfigError, dump_config, load_config
+from autotune.autoconfig import (
+    DEFAULT_ACCURACY_BUDGET,
+    DEFAULT_BATCH,
+    DEFAULT_METRIC,
+    METRICS,
+    Draft,
+    commented_yaml,
+    draft_config,
+    parse_shapes,
+)
+from autotune.config import ConfigError, TuneConfig, apply_overrides, dump_config, load_config, parse_config
 from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
 from autotune.measure import Busy, compare_rounds
@@ -18,11 +30,78 @@ from autotune.plan import PRECISIONS
 from autotune.tune import STRATEGIES, export_ranked, tune
 
 
-def _add_config(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="YAML config (see configs/)")
+def _add_config(parser: argparse.ArgumentParser, model_only: bool = False) -> None:
+    if model_only:
+        parser.add_argument("config", metavar="MODEL", help="an ONNX model file")
+    else:
+        parser.add_argument("config", help="a YAML config (see configs/), or an ONNX model file with --data")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. budget.builds=20"
     )
+    model = parser.add_argument_group("a model without a config (MODEL.onnx --data SAMPLES.npz)")
+    model.add_argument(
+        "--data",
+        metavar="NPZ",
+        help="samples: one array per model input, named after it, samples first (optionally 'labels'); split in file "
+        "order into calibration (first quarter), evaluation (next half) and held-out data (last quarter)",
+    )
+    model.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="INPUT=DIMS",
+        help="an input's shape, e.g. input_ids=8x128 (default: the graph's, its dynamic dimensions from the data, "
+        f"a dynamic batch {DEFAULT_BATCH})",
+    )
+    model.add_argument(
+        "--metric",
+        choices=METRICS,
+        help=f"default {DEFAULT_METRIC} of the first output against FP32; top1 needs 'labels' in the data "
+        f"(accuracy budget {DEFAULT_ACCURACY_BUDGET} either way: --set accuracy_budget=...)",
+    )
+
+
+def _is_model_file(path: str) -> bool:
+    return Path(path).suffix.lower() == ".onnx"
+
+
+def _draft(args: argparse.Namespace) -> Draft:
+    """The config drafted for ``MODEL.onnx --data NPZ``; its one-line summary goes to the log."""
+    if not args.data:
+        raise ConfigError(
+            f"{args.config} is a model file: give its samples with --data SAMPLES.npz (one array per model input, "
+            "named after it), or write a YAML config"
+        )
+    draft = draft_config(args.config, args.data, parse_shapes(args.shape), args.metric)
+    logging.getLogger("autotune").info("%s", draft.summary)
+    return draft
+
+
+def _load(args: argparse.Namespace, before: Sequence[str] = (), after: Sequence[str] = ()) -> TuneConfig:
+    """The run's config: a YAML file's, or the one drafted for a model file and its samples; ``--set`` on top."""
+    overrides = [*before, *args.set, *after]
+    if _is_model_file(args.config):
+        return parse_config(apply_overrides(_draft(args).data, overrides), args.config)
+    if args.data or args.shape or args.metric:
+        raise ConfigError(
+            "--data, --shape and --metric go with a model file (autotune tune model.onnx --data samples.npz); "
+            f"{args.config} names its data and metric itself (change them with --set)"
+        )
+    return load_config(args.config, overrides)
+
+
+def _init(args: argparse.Namespace) -> int:
+    if not _is_model_file(args.config):
+        raise ConfigError(f"autotune init takes an ONNX model file (model.onnx --data samples.npz), not {args.config}")
+    draft = _draft(args)
+    data = apply_overrides(copy.deepcopy(draft.data), list(args.set))
+    parse_config(data, args.config)  # what is written is valid as it is
+    header = (
+        f"autotune config for {Path(args.config).name}, written by `autotune init`: `autotune tune` takes it as it "
+        "is.\nKeys left out take their defaults (docs/reference/config.md)."
+    )
+    print(commented_yaml(data, draft.notes, header), end="")
+    return 0
 
 
 def _add_from(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +123,7 @@ def _one_liners() -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set)
+    config = _load(args)
     model, space = api.analyze(config)
     rows = api.layer_table(model, space)
     if args.json:
@@ -73,7 +152,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set)
+    config = _load(args)
     specs = args.plan or ["int8"]
     results = api.evaluate_side_by_side(config, specs, split=args.split, isolate=not args.in_process)
     _say_busy(results)
@@ -160,7 +239,7 @@ def _from_runs(args: argparse.Namespace) -> list[str]:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.set + _from_runs(args))
+    config = _load(args, after=_from_runs(args))
     summary = tune(config, progress=not args.no_progress)
     _print_summary(summary)
     print(f"TensorBoard: tensorboard --logdir {config.run_dir / 'tb'}")
@@ -169,7 +248,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 def _baseline(args: argparse.Namespace) -> int:
     overrides = [f"budget.builds={args.budget}", f"seed={args.seed}"] if args.budget else [f"seed={args.seed}"]
-    config = load_config(args.config, overrides + args.set + _from_runs(args))
+    config = _load(args, before=overrides, after=_from_runs(args))
     if not any(item.startswith("name=") for item in args.set):
         config = config.model_copy(update={"name": f"{config.name}-{args.strategy}-s{args.seed}"})
     summary = tune(config, strategy=args.strategy, progress=not args.no_progress)
@@ -232,10 +311,13 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="autotune", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def _add_model_commands(commands: Any) -> None:
+    """``init``, ``inspect`` and ``evaluate``: a config or a model file, nothing searched."""
+    init = commands.add_parser(
+        "init", help="print the config `autotune tune MODEL.onnx --data SAMPLES.npz` runs, commented, to edit"
+    )
+    _add_config(init, model_only=True)
+    init.set_defaults(handler=_init)
 
     inspect = commands.add_parser("inspect", help="print the table of tunable layers")
     _add_config(inspect)
@@ -260,9 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.set_defaults(handler=_evaluate)
 
+
+def _add_search_commands(commands: Any) -> None:
+    """``tune`` and ``baseline``: a search, confirmed and exported."""
     tune = commands.add_parser("tune", help="train the agent, confirm the finalists, export the winner")
     _add_config(tune)
-    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
     _add_from(tune)
     tune.set_defaults(handler=_tune)
 
@@ -270,13 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(baseline)
     baseline.add_argument("--strategy", required=True, choices=STRATEGIES)
     baseline.add_argument("--budget", type=int, help="builds (default budget.builds of the config)")
-    baseline.add_argument("--seed", type=int, default=0)
-    baseline.add_argument("--no-progress", action="store_true")
+    baseline.add_argument("--seed", type=int, default=0, help="the run's seed; its name ends in -STRATEGY-sSEED")
+    baseline.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
     _add_from(baseline)
     baseline.set_defaults(handler=_baseline)
 
+
+def _add_run_commands(commands: Any) -> None:
+    """``resume``, ``export`` and ``report``: what a run directory is used for later."""
     resume = commands.add_parser("resume", help="continue an interrupted run with its trial store")
-    resume.add_argument("run_dir")
+    resume.add_argument("run_dir", help="the run's directory, runs/NAME")
     resume.add_argument(
         "--set",
         action="append",
@@ -285,11 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"override a key of {', '.join(s + '.*' for s in RESUMABLE_SECTIONS)} for the rest of the run, "
         "e.g. budget.builds=80 to continue a finished run longer",
     )
-    resume.add_argument("--no-progress", action="store_true")
+    resume.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")
     resume.set_defaults(handler=_resume)
 
     export = commands.add_parser("export", help="export a ranked confirmed plan of a finished run")
-    export.add_argument("run_dir")
+    export.add_argument("run_dir", help="a finished run's directory, runs/NAME")
     export.add_argument("--rank", type=int, default=1, help="1 = the winner")
     export.add_argument("--out", help="output folder (default RUN_DIR/best)")
     export.set_defaults(handler=_export)
@@ -297,6 +385,22 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="write report.md and figures into a run directory")
     report.add_argument("run_dirs", nargs="+", help="the run to report on, then runs to overlay in the progress plot")
     report.set_defaults(handler=_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="The fastest inference engine of a model within an accuracy budget: a precision per layer and "
+        "the build's knobs, searched, measured against FP32 and exported.",
+        epilog="Your own model: autotune tune MODEL.onnx --data SAMPLES.npz. A shipped example: autotune tune "
+        "configs/cnn-cpu.yaml. Every command and flag: docs/reference/cli.md.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    _add_model_commands(commands)
+    _add_search_commands(commands)
+    _add_run_commands(commands)
     return parser
 
 

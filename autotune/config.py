@@ -1,4 +1,4 @@
-"""The one typed config that the CLI and the Python API both take."""
+"""The one typed config that the CLI and the Python API both take (its search sections: ``autotune.searchconfig``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from autotune.optypes import TunableOp
+from autotune.searchconfig import PlannerConfig, PPOConfig, RewardConfig, StrictSection
 
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
@@ -21,16 +22,18 @@ class ConfigError(ValueError):
     """The config is invalid; the message names each bad key and what is allowed."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = StrictSection
 
 
 class InputConfig(_Strict):
     """One model input at the shape it is tuned and deployed with."""
 
     name: str
+    """The input's name in the graph."""
     shape: list[Annotated[int, Field(gt=0)]]
+    """Its full shape, batch first; every batch of the data has it."""
     dtype: Literal["float32", "float16", "int64", "int32", "uint8", "int8", "bool"] = "float32"
+    """Its element type; the data's arrays must have it."""
 
 
 class ModelConfig(_Strict):
@@ -41,6 +44,7 @@ class ModelConfig(_Strict):
     torch: str | None = None
     """A ``package.module:function`` returning a ``torch.nn.Module``; exported with ``torch.onnx.export`` and cached."""
     opset: int = Field(17, ge=13, le=23)
+    """The ONNX opset a ``torch`` factory is exported at (an ONNX file keeps its own)."""
     include_activation_matmuls: bool = False
     """Also tune MatMuls whose both inputs are activations (attention's QK^T and AV)."""
 
@@ -57,20 +61,31 @@ class DataSource(_Strict):
     """A set of batches: an ``.npz`` file (arrays named after the inputs, plus optional ``labels``) or a generator."""
 
     npz: Path | None = None
+    """An ``.npz`` file: one array per model input, named after it, samples along the first axis (plus an optional
+    ``labels`` array); cut into batches of the inputs' first dimension."""
     generator: str | None = None
     """``package.module:function(**kwargs)`` returning an iterable of ``{input name: array}`` batches
     (a ``labels`` key holds labels)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the ``generator``."""
     random: Annotated[int, Field(gt=0)] | None = None
     """Number of random batches (latency-only runs and tests; fidelity metrics still work)."""
     limit: Annotated[int, Field(gt=0)] | None = None
     """Use at most this many batches."""
+    start: int = Field(0, ge=0)
+    """With ``npz``: the first sample (row of every array) this split reads, so one file can hold every split."""
+    stop: Annotated[int, Field(gt=0)] | None = None
+    """With ``npz``: one past the last sample this split reads; None: to the end of the file."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSource:
         given = [name for name in ("npz", "generator", "random") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of npz, generator or random (got {given or 'none'})")
+        if self.npz is None and (self.start or self.stop is not None):
+            raise ValueError("start and stop select samples of an npz file; this source has none")
+        if self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"stop ({self.stop}) must be greater than start ({self.start})")
         return self
 
 
@@ -78,7 +93,9 @@ class DataConfig(_Strict):
     """Calibration data, the evaluation data the search uses, and held-out data it never sees."""
 
     calibration: DataSource
+    """What the calibration ranges are computed on."""
     evaluation: DataSource
+    """What every plan's accuracy is measured on during the search."""
     holdout: DataSource | None = None
     """Used only to confirm the finalists before export; defaults to the evaluation data (not held out)."""
 
@@ -87,6 +104,9 @@ class MetricConfig(_Strict):
     """The accuracy metric; the accuracy drop is the reference's value minus the plan's, in the metric's units."""
 
     name: Literal["cosine", "top1_agreement", "snr", "top1", "custom"] = "cosine"
+    """``cosine``: mean cosine similarity to the FP32 outputs; ``top1_agreement``: share of samples whose argmax
+    matches FP32's; ``snr``: signal-to-noise ratio against FP32 in dB; ``top1``: accuracy against the data's labels;
+    ``custom``: ``function``."""
     output: str | None = None
     """Model output to score; default the first."""
     function: str | None = None
@@ -181,6 +201,8 @@ class BackendConfig(_Strict):
     """The backend that builds and measures engines, and its deployment settings (not searched)."""
 
     name: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
+    """``onnxruntime`` (CPU, the embedded default), ``tensorrt`` (NVIDIA GPUs, the ``tensorrt`` extra) or ``torch``
+    (a PyTorch module on an NVIDIA GPU)."""
     intra_op_threads: int = Field(2, gt=0)
     """ORT: threads per session, fixed by the deployment."""
     timeout_s: float = Field(600.0, gt=0)
@@ -223,12 +245,15 @@ class SearchSpaceConfig(_Strict):
     exclude_layers: str | None = None
     """Regex: keep matching layers in FP32."""
     op_types: list[TunableOp] | None = None
+    """Op types whose layers are tuned; the others stay FP32. Default every tunable op type."""
     calibration_methods: list[Literal["layerwise", "max", "percentile", "entropy"]] = list(CALIBRATION_METHODS)
     """Values of the ``calibration`` knob, the first being its default: ``max``, ``percentile`` or ``entropy``
     ranges for every layer, or ``layerwise``: per layer, whichever of those three or of SmoothQuant at two strengths
     hurts the output least when that layer alone is INT8 (chosen once on the calibration data and cached; see
     ``autotune.quant.layerwise``)."""
     weight_granularity: list[Literal["per_channel", "per_tensor"]] = ["per_channel", "per_tensor"]
+    """Values of the ``weight_granularity`` knob (INT8 weight scales per output channel or per tensor), the first
+    being its default."""
     knobs: dict[str, list[KnobValue]] = Field(default_factory=dict)
     """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""
     group_size: int = Field(1, gt=0)
@@ -259,7 +284,9 @@ class CalibrationConfig(_Strict):
     """Settings of our calibration (TensorRT 11 has none)."""
 
     percentile: float = Field(99.99, gt=0, le=100)
+    """The percentile of absolute activation values the ``percentile`` method takes as the range."""
     num_bins: int = Field(2048, ge=128)
+    """Histogram bins of each activation, for the ``percentile`` and ``entropy`` methods."""
 
 
 class MeasureConfig(_Strict):
@@ -268,6 +295,7 @@ class MeasureConfig(_Strict):
     warmup: int = Field(2, ge=1)
     """Untimed runs after every switch between sessions (the first run after a switch is 1.5x slower)."""
     repeats: int = Field(5, ge=1)
+    """Timed runs of each session per round."""
     rounds: int = Field(4, ge=1)
     """Quiet rounds per measurement: the speedup is the median of their ratios (``autotune.measure``)."""
     quiet_band: float | None = Field(0.05, gt=0)
@@ -290,22 +318,6 @@ class MeasureConfig(_Strict):
     followed by more rounds) before it times each plan by its own fastest runs and says the machine was too busy."""
 
 
-class RewardConfig(_Strict):
-    """``log(t_ref / t_plan) - accuracy_penalty * excess``, where excess is ``max(0, drop - accuracy_budget)``.
-
-    With ``penalty_units: budget`` (default) the excess is measured in budgets (``excess / accuracy_budget``), so
-    one penalty weight works for any metric scale: with the default 5, a plan 10% over the budget loses 0.5, as
-    much as a 1.65x speedup gains. With ``metric`` the excess is in the metric's own units. Failures get ``failure``.
-    """
-
-    accuracy_penalty: float = Field(5.0, ge=0)
-    penalty_units: Literal["budget", "metric"] = "budget"
-    failure: float = -1.0
-    tie_within: float | None = Field(None, ge=0)
-    """Relative speedup differences the reward treats as ties (``autotune.search.reward.latency_gain``); None: the
-    noise of the run's own FP32 self-check (``autotune.measure.SelfCheck``), 0: none."""
-
-
 class BudgetConfig(_Strict):
     """How much a run may spend."""
 
@@ -319,73 +331,15 @@ class BudgetConfig(_Strict):
     confirmation come on top. None: builds alone bound the search."""
 
 
-class PPOConfig(_Strict):
-    """MaskablePPO hyperparameters, sized for steps that cost seconds: an update every few builds."""
-
-    episodes_per_update: int = Field(8, gt=0)
-    """Episodes (plans) collected per policy update; n_steps = this x the episode length."""
-    minibatches: int = Field(4, gt=0)
-    n_epochs: int = Field(10, gt=0)
-    learning_rate: float = Field(3e-4, gt=0)
-    gamma: float = Field(1.0, gt=0, le=1)
-    gae_lambda: float = Field(0.95, gt=0, le=1)
-    ent_coef: float = Field(0.01, ge=0)
-    clip_range: float = Field(0.2, gt=0)
-    net_arch: list[Annotated[int, Field(gt=0)]] = [64, 64]
-    checkpoint_every_builds: int = Field(25, gt=0)
-    imagined_episodes: int = Field(128, ge=0)
-    """Episodes rehearsed on the additive model of the trials so far after every real update (Dyna-style);
-    they cost no build. 0: learn from real builds only."""
-    compute_share: float = Field(1.0, ge=0)
-    """The agent's own compute (rehearsals, planning, policy updates) may take at most this many times the wall
-    time its builds took so far: each rehearsal gets the episodes that fit (up to ``imagined_episodes``), so a model
-    that builds in a second tunes in minutes and one that builds in ten gets the full rehearsals. 0: no limit."""
-    reward_shaping: bool = True
-    """Pay each layer step the change in the reward its per-layer estimates predict (potential-based shaping:
-    the episode's return is unchanged); False: one sparse reward at the end of the episode."""
-
-
-class PlannerConfig(_Strict):
-    """The surrogate planner: the plans the additive model of the trials proposes, its priors, the bold places.
-
-    Its plans are the opening, the probes, the model's best plans and the bold plans; it is a peer of the PPO policy
-    (``ppo``), which holds only the policy's hyperparameters.
-    """
-
-    probe_plans: bool = True
-    """Build an orthogonal design of plans first (every layer quantized in half of them; at most a third of the
-    build budget), so the additive model tells every layer's saving and drop apart from the start."""
-    build_model_plan: bool = True
-    """After every rehearsal, also build the plan the additive model of the trials rates fastest within the search
-    budget (a local search on the model; Dyna's planning step), outside PPO's rollouts."""
-    model_plans: int = Field(1, gt=0)
-    """Distinct plans of the model (its best unmeasured ones) built at each planning step, per worker."""
-    bold_plan: float = Field(0.6, ge=0, le=1)
-    """Each planning step also builds the model's best unmeasured plan whose drop is this fraction of the way from
-    the search budget to the accuracy budget: where a finalist's bold place (``bold_places``) is, and
-    where held-out data decides whether a plan meets the budget. 0 (or no ``search.budget_headroom``): off."""
-    imitation: float = Field(0.9, ge=0, lt=1)
-    """Before its first rehearsal, the policy learns to choose the model's best plan with this mean probability per
-    step (behaviour cloning), so PPO's first real plans vary that plan instead of following a fresh policy, which
-    the penalty of over-budget plans drives toward FP32; 0: off (``autotune/agent.py``, ``imitate``)."""
-    priors: bool = True
-    """Start the additive model from per-layer priors known before any build (single-layer output errors of the
-    layerwise calibration, FP32 runtime shares; ``autotune/search/prior.py``): the model's first plan is built
-    right after all-INT8, and probe plans vary only the layers whose prior leaves the choice open (at most a
-    sixth of the build budget). Without layerwise calibration only the savings have a prior."""
-    prior_weight: float = Field(2.0, gt=0)
-    """How many trials' worth a layer's prior counts in the additive fit (its ridge weight toward the prior)."""
-    bold_places: int = Field(2, ge=0)
-    """Of the ``confirm.top_k`` finalist places, up to this many go to the fastest plans between the search budget and
-    the accuracy budget, where each is faster than every plan within the search budget (``autotune.search.select``)."""
-
-
 class ConfirmConfig(_Strict):
     """Re-measurement of the finalists before export: many short rounds, each compared within itself."""
 
     top_k: int = Field(5, gt=0)
+    """Finalists confirmed: the best plans of the search (``autotune.search.select``)."""
     repeats: int = Field(10, ge=1)
+    """Timed runs of each finalist, one-liner and FP32 per round."""
     rounds: int = Field(8, ge=1)
+    """Rounds of the confirmation, each timing FP32, every finalist and the one-liners in turn."""
     self_check: bool = True
     """Time FP32 against itself before the search and read the confirmation's FP32 row the same way
     (``autotune.harness.selfcheck``): outside [0.97, 1.03] the run says so, confirms in more rounds, and ratios
@@ -430,6 +384,7 @@ class TuneConfig(_Strict):
     name: str
     """Run name: the run directory is ``<runs_dir>/<name>``."""
     seed: int = 0
+    """Seed of the search, the policy and random data."""
     model: ModelConfig
     inputs: list[InputConfig] = Field(default_factory=list)
     """Input shapes and dtypes; required for inputs with dynamic dimensions."""
@@ -448,6 +403,7 @@ class TuneConfig(_Strict):
     confirm: ConfirmConfig = ConfirmConfig()
     execution: ExecutionConfig = ExecutionConfig()
     runs_dir: Path = Path("runs")
+    """Folder of the run directories (relative to the working directory)."""
     cache_dir: Path = Path(".cache/autotune")
     """Exported models and calibration statistics, shared by runs."""
     from_runs: list[Path] = Field(default_factory=list)

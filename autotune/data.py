@@ -52,12 +52,15 @@ class Dataset:
         return sum(next(iter(batch.values())).shape[0] for batch in self.batches) if self.batches else 0
 
 
-def _split_npz(path: Path, inputs: Sequence[InputSpec], what: str) -> list[dict[str, np.ndarray]]:
+def _split_npz(
+    path: Path, inputs: Sequence[InputSpec], what: str, start: int = 0, stop: int | None = None
+) -> list[dict[str, np.ndarray]]:
     if not path.is_file():
         raise DataError(f"{what} data file {path} does not exist: fix data.{what}.npz in the config")
     try:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
+        arrays = {key: array[start:stop] if array.ndim else array for key, array in arrays.items()}
     except (ValueError, OSError) as error:
         raise DataError(f"{what} data file {path} is not a readable .npz without pickles: {error}") from error
     missing = [spec.name for spec in inputs if spec.name not in arrays]
@@ -72,8 +75,9 @@ def _split_npz(path: Path, inputs: Sequence[InputSpec], what: str) -> list[dict[
         raise DataError(f"{what} data {path}: arrays have different sample counts {counts}")
     total = next(iter(counts.values()))
     if total < batch_size:
+        rows = f" in samples {start}:{'' if stop is None else stop}" if start or stop is not None else ""
         raise DataError(
-            f"{what} data {path} has {total} samples, fewer than one batch of {batch_size} "
+            f"{what} data {path} has {total} samples{rows}, fewer than one batch of {batch_size} "
             f"(the first dimension of input {inputs[0].name!r})"
         )
     return [
@@ -114,7 +118,7 @@ def load_dataset(source: DataSource, inputs: Sequence[InputSpec], what: str, see
         DataError: The data is missing, empty, of the wrong shape or dtype, or not finite.
     """
     if source.npz is not None:
-        raw: Iterable[Mapping[str, np.ndarray]] = _split_npz(source.npz, inputs, what)
+        raw: Iterable[Mapping[str, np.ndarray]] = _split_npz(source.npz, inputs, what, source.start, source.stop)
     elif source.random is not None:
         raw = _random_batches(source.random, inputs, seed)
     else:

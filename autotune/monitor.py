@@ -1,10 +1,17 @@
-"""What a person watches during a run: TensorBoard scalars, and a progress bar with the best plan so far."""
+"""What a person watches during a run: TensorBoard scalars, and progress with the best plan so far.
+
+On a terminal the progress is a bar; written to a file or a pipe (a CI log, ``make demo > demo.log``) it is a plain
+line now and then, since every refresh of a bar would be a line of the log.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from autotune.config import TuneConfig
 from autotune.search.reward import meets_budget, reward
@@ -33,6 +40,69 @@ CUSTOM_SCALARS = {
 """TensorBoard's Custom Scalars tab groups the tags like this."""
 
 
+class PlainProgress:
+    """Progress as plain lines: one when a tenth of the builds and a minute have both passed since the last one.
+
+    It keeps the attributes of the bar it stands in for (``n``, ``total``, ``postfix``), and its last line at
+    ``close`` says where the builds ended.
+
+    Args:
+        total: Builds of the run's budget.
+        initial: Builds already done (resume).
+        stream: Where the lines go.
+        min_interval_s: At least this long between two lines.
+        clock: Seconds, for tests.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        initial: int = 0,
+        stream: TextIO | None = None,
+        min_interval_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.total, self.n, self.postfix = total, initial, ""
+        self._stream = stream if stream is not None else sys.stderr
+        self._clock, self._min_interval_s = clock, min_interval_s
+        self._start = self._last_time = clock()
+        self._last_n = initial
+        self._step = max(1, math.ceil(total / 10))
+
+    def update(self, builds: int = 1) -> None:
+        """Counts builds; writes a line when a tenth of the budget and ``min_interval_s`` passed since the last."""
+        self.n += builds
+        if self.n - self._last_n >= self._step and self._clock() - self._last_time >= self._min_interval_s:
+            self._line()
+
+    def set_postfix_str(self, text: str) -> None:
+        """What the next line says after the count: the best plan so far."""
+        self.postfix = text
+
+    def close(self) -> None:
+        """Writes the last count, unless the last line already said it."""
+        if self.n != self._last_n:
+            self._line()
+
+    def _line(self) -> None:
+        now = self._clock()
+        share = f" ({100 * self.n / self.total:.0f} %)" if self.total else ""
+        minutes, seconds = divmod(int(now - self._start), 60)
+        best = f"; {self.postfix}" if self.postfix else ""
+        print(f"autotune: builds {self.n}/{self.total}{share} at {minutes}:{seconds:02d}{best}", file=self._stream)
+        self._stream.flush()
+        self._last_n, self._last_time = self.n, now
+
+
+def progress_display(total: int, initial: int) -> Any:
+    """A tqdm bar on a terminal's stderr; ``PlainProgress`` lines where stderr is a file or a pipe."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, desc="builds", unit="build")
+    return PlainProgress(total, initial)
+
+
 class RunMonitor:
     """Records every episode's trial to TensorBoard and keeps the best-so-far.
 
@@ -43,7 +113,7 @@ class RunMonitor:
         config: The run's config.
         log_dir: TensorBoard directory.
         builds_done: Builds already in the store (resume).
-        progress: Show a console progress bar.
+        progress: Show progress on stderr (``progress_display``).
     """
 
     def __init__(self, config: TuneConfig, log_dir: Path, builds_done: int = 0, progress: bool = True):
@@ -58,9 +128,7 @@ class RunMonitor:
         self.best: TrialResult | None = None
         self._bar: Any = None
         if progress:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=config.budget.builds, initial=builds_done, desc="builds", unit="build")
+            self._bar = progress_display(config.budget.builds, builds_done)
 
     def seed(self, results: list[TrialResult]) -> None:
         """Takes the best-so-far from trials already in the store (resume)."""

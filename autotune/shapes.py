@@ -4,7 +4,7 @@
 back serialized again: 3.1 s for the BERT-large-shaped encoder's 530 MB on the CPU VM, in both of a run's processes.
 It reads only the type and dims of an initializer, and the values of the small ones a shape is computed from, so
 here it runs on a copy whose large initializers are stubs with no bytes: 0.08 s for the encoder, the same result
-(``bench/shape_inference.py``).
+(``bench/research/shape_inference.py``).
 """
 
 from __future__ import annotations

@@ -61,6 +61,46 @@ def tiny_mlp(
     return model
 
 
+def tiny_sequence_model(features: int = 16, hidden: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """A token model with two inputs whose batch and sequence dimensions the graph leaves dynamic.
+
+    ``x`` (float32, ``[batch, seq, features]``) is masked by ``mask`` (int64, ``[batch, seq]``) and projected by
+    one MatMul into ``y`` (``[batch, seq, hidden]``): what a model exported with dynamic axes looks like to
+    ``autotune tune model.onnx --data samples.npz``.
+    """
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((features, hidden)) / np.sqrt(features)).astype(np.float32)
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["mask_f"], name="mask_cast", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "last_axis"], ["mask_3d"], name="mask_unsqueeze"),
+        helper.make_node("Mul", ["x", "mask_3d"], ["masked"], name="apply_mask"),
+        helper.make_node("MatMul", ["masked", "w"], ["y"], name="proj"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_sequence",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", features]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", hidden])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array([-1], np.int64), "last_axis")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_sequence_samples(path: Path, samples: int = 40, seq: int = 12, features: int = 16, seed: int = 0) -> Path:
+    """Writes samples of ``tiny_sequence_model`` (``x`` and ``mask``, samples first) into one ``.npz`` at ``path``."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples, seq, features)).astype(np.float32)
+    mask = (rng.uniform(size=(samples, seq)) < 0.9).astype(np.int64)
+    np.savez(path, x=x, mask=mask)
+    return path
+
+
 def constant_weight_twins(batch: int = 2, seed: int = 0) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """One small CNN written twice: with every weight and bias a ``Constant`` chain, and with initializers.
 

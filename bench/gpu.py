@@ -1,6 +1,6 @@
 r"""The GPU bench: tuning runs and plans against the users' one-liners, and the GEMM kernels beneath them.
 
-Usage (on the GPU machine, from the repository root, after ``bash bench/device_wheels.sh install``, with
+Usage (on the GPU machine, from the repository root, after ``bash tools/device/device_wheels.sh install``, with
 ``PYTHONPATH=.device/site:.``):
     python bench/gpu.py tune --out OUT [--time-limit S] CONFIG [--set KEY=VALUE ...] [-- CONFIG [--set ...] ...]
     python bench/gpu.py plans --out OUT CONFIG --plans SPEC ... [--set KEY=VALUE ...] [--references NAME ...]

@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "autotune",
         "autotune.config",
+        "autotune.searchconfig",
         "autotune.optypes",
         "autotune.plan",
         "autotune.files",
@@ -28,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     (
         "autotune.model",
+        "autotune.autoconfig",
         "autotune.torch_export",
         "autotune.intake",
         "autotune.units",
@@ -43,7 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("envs",),
     ("autotune.agent", "autotune.api", "autotune.monitor", "autotune.report"),
     ("autotune.tune",),
-    ("autotune.cli", "autotune.__main__", "autotune.testing", "autotune.examples"),
+    ("autotune.cli", "autotune.__main__", "autotune.testing", "autotune.examples", "autotune.docgen"),
 ]
 """Each module's layer, bottom first: a module may import its own layer's modules and the layers below it."""
 

@@ -307,3 +307,79 @@ def test_evaluate_says_in_one_line_when_other_work_got_in_the_way_of_its_timing(
     ]
     _say_busy([{"status": "ok", "busy": {**busy, "contended": 0}}, {"status": "failed", "busy": None}])
     assert capsys.readouterr().err == ""
+
+
+@pytest.fixture()
+def model_and_samples(tmp_path, monkeypatch):
+    """``tiny_sequence_model`` and 40 samples of it in ``tmp_path``, the working directory (runs/ goes there)."""
+    import onnx
+
+    from autotune.testing import tiny_sequence_model, write_sequence_samples
+
+    monkeypatch.chdir(tmp_path)
+    onnx.save(tiny_sequence_model(), "model.onnx")
+    write_sequence_samples(tmp_path / "samples.npz", samples=40, seq=12)
+    return "model.onnx", "samples.npz"
+
+
+QUICK = ["--set", "measure.settle_s=0", "--set", "measure.rounds=1", "--set", "confirm.rounds=1"]
+QUICK += ["--set", "confirm.top_k=2", "--set", "confirm.self_check=false", "--set", "ppo.imagined_episodes=16"]
+"""A few builds of a tiny model timed in one round: what the tests need, not what a user would run."""
+
+
+def test_init_writes_the_config_that_tune_takes_unchanged(model_and_samples, capsys, tmp_path):
+    from autotune.autoconfig import draft_config
+    from autotune.config import load_config, parse_config
+
+    model, samples = model_and_samples
+    assert main(["init", model, "--data", samples]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# autotune config for model.onnx") and "\n# Read from the graph" in out
+    (tmp_path / "my.yaml").write_text(out)
+    assert load_config(tmp_path / "my.yaml") == parse_config(draft_config(model, samples).data)
+    assert main(["inspect", "my.yaml"]) == 0
+    assert main(["inspect", model, "--data", samples]) == 0
+    assert capsys.readouterr().out.count("1 tunable layers") == 2
+    assert main(["init", model, "--data", samples, "--set", "budget.builds=7"]) == 0
+    (tmp_path / "seven.yaml").write_text(capsys.readouterr().out)
+    assert load_config(tmp_path / "seven.yaml").budget.builds == 7
+
+
+def test_a_model_file_and_its_samples_evaluate_tune_resume_export_and_report(model_and_samples, capsys, monkeypatch):
+    import functools
+
+    import autotune.cli
+    from autotune.config import load_config
+
+    monkeypatch.setattr(autotune.cli, "tune", functools.partial(autotune.cli.tune, isolate=False))  # no child process
+    model, samples = model_and_samples
+    assert main(["evaluate", model, "--data", samples, "--plan", "int8", "--in-process", *QUICK]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "ok" and result["plan"]["precisions"] == {"proj": "int8"}
+    assert main(["tune", model, "--data", samples, "--set", "budget.builds=2", *QUICK, "--no-progress"]) == 0
+    assert "builds 2," in capsys.readouterr().out
+    run = load_config("runs/model/config.yaml")  # the resolved config: the run's own from now on
+    assert run.data.evaluation.start == 8 and run.inputs[0].shape == [8, 12, 16]
+    assert main(["resume", "runs/model", "--set", "budget.builds=3", "--no-progress"]) == 0
+    assert "builds 3," in capsys.readouterr().out
+    assert main(["export", "runs/model", "--out", "exported"]) == 0
+    assert json.loads(capsys.readouterr().out)["files"]
+    assert main(["report", "runs/model"]) == 0
+    assert "report: runs/model/report.md" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["tune", "model.onnx"], "give its samples with --data SAMPLES.npz"),
+        (["tune", "model.onnx", "--data", "absent.npz"], "absent.npz does not exist"),
+        (["evaluate", "model.onnx", "--data", "samples.npz", "--shape", "x=8x12x17"], "does not fit the model's"),
+        (["init", "other.onnx", "--data", "samples.npz"], "other.onnx does not exist: check the path"),
+        (["init", "configs.yaml", "--data", "samples.npz"], "autotune init takes an ONNX model file"),
+        (["inspect", "configs.yaml", "--data", "samples.npz"], "--data, --shape and --metric go with a model file"),
+    ],
+)
+def test_bad_input_for_a_model_file_is_one_line_naming_the_fix(model_and_samples, capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1 and "Traceback" not in err

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from autotune.config import (
     ConfigError,
@@ -166,6 +167,14 @@ def test_data_source_exactly_one(source, fragment):
     assert "data.calibration" in lines
     assert "exactly one of npz, generator or random" in lines["data.calibration"]
     assert fragment in lines["data.calibration"]
+
+
+def test_data_source_start_and_stop_need_an_npz_and_an_order():
+    assert DataSource(npz="a.npz", start=8, stop=16).stop == 16
+    with pytest.raises(ValidationError, match="start and stop select samples of an npz"):
+        DataSource(random=2, start=4)
+    with pytest.raises(ValidationError, match="stop \\(8\\) must be greater than start \\(8\\)"):
+        DataSource(npz="a.npz", start=8, stop=8)
 
 
 def test_data_source_single_sources_ok():

@@ -92,6 +92,19 @@ def test_npz_limit(tmp_path):
     assert len(dataset.batches) == 3
 
 
+def test_npz_start_and_stop_read_one_range_of_samples_with_its_labels(tmp_path):
+    x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    path = _npz(tmp_path, x=x, labels=np.arange(64, dtype=np.int64))
+    dataset = load_dataset(DataSource(npz=path, start=16, stop=48), [X], "evaluation")
+    assert len(dataset.batches) == 2
+    np.testing.assert_array_equal(dataset.batches[0]["x"], x[16:32])
+    np.testing.assert_array_equal(dataset.labels[1], np.arange(32, 48))
+    tail = load_dataset(DataSource(npz=path, start=48), [X], "holdout")
+    np.testing.assert_array_equal(tail.batches[0]["x"], x[48:])
+    with pytest.raises(DataError, match="8 samples in samples 40:48, fewer than one batch of 16"):
+        load_dataset(DataSource(npz=path, start=40, stop=48), [X], "calibration")
+
+
 def test_npz_multiple_inputs(tmp_path):
     ids = InputSpec("ids", (4, 8), "int64")
     mask = InputSpec("mask", (4, 8), "int64")

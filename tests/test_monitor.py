@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import sys
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from autotune.monitor import CUSTOM_SCALARS, RunMonitor
+from autotune.monitor import CUSTOM_SCALARS, PlainProgress, RunMonitor
 from autotune.plan import Plan
 from autotune.search.reward import reward
 from autotune.testing import tiny_config
@@ -70,3 +72,51 @@ def test_a_resumed_run_starts_from_the_best_in_the_store_and_its_bar_from_its_bu
     assert "best reward" in monitor._bar.postfix and "4.00x" in monitor._bar.postfix
     monitor.text("plan", "**int8**")
     monitor.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _run_builds(progress: PlainProgress, clock: _Clock, builds: int, seconds_each: float) -> None:
+    for _ in range(builds):
+        clock.now += seconds_each
+        progress.update(1)
+    progress.close()
+
+
+def test_plain_progress_writes_a_line_a_minute_when_a_tenth_of_the_builds_is_quicker():
+    clock, stream = _Clock(), io.StringIO()
+    progress = PlainProgress(40, stream=stream, clock=clock)
+    progress.set_postfix_str("best reward +0.500 (1.65x, drop 0.002)")
+    _run_builds(progress, clock, 40, seconds_each=5.0)  # a tenth (4 builds) in 20 s: a line a minute
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"autotune: builds {n}/40" for n in (12, 24, 36, 40)]
+    assert lines[0] == "autotune: builds 12/40 (30 %) at 1:00; best reward +0.500 (1.65x, drop 0.002)"
+
+
+def test_plain_progress_writes_a_line_a_tenth_when_a_tenth_takes_longer_than_a_minute():
+    clock, stream = _Clock(), io.StringIO()
+    progress = PlainProgress(20, initial=4, stream=stream, clock=clock)
+    _run_builds(progress, clock, 16, seconds_each=90.0)
+    counts = [int(line.split()[2].split("/")[0]) for line in stream.getvalue().splitlines()]
+    assert counts == [6, 8, 10, 12, 14, 16, 18, 20]  # resumed at 4 builds; the last line is the last tenth's
+    progress.close()
+    assert len(stream.getvalue().splitlines()) == 8  # nothing new to say
+
+
+def test_a_terminal_gets_the_bar_and_a_pipe_the_plain_lines(monkeypatch):
+    from tqdm import tqdm
+
+    from autotune.monitor import progress_display
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    bar = progress_display(10, 2)
+    assert isinstance(bar, tqdm) and bar.n == 2
+    bar.close()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert isinstance(progress_display(10, 2), PlainProgress)

@@ -1,8 +1,8 @@
 """The one budget loop: strategies propose, the harness builds, the driver counts builds and stalls.
 
 Below the driver is one harness protocol (:class:`Harness`): the real ``autotune.harness.Evaluator``, the fake of
-``autotune.testing`` and the replay simulator of ``bench/replay.py`` all satisfy it, so a run can be driven by any
-of them. Above it are the strategies (:mod:`autotune.search.strategies`, the agent's planner and policy), which
+``autotune.testing`` and the replay simulator of ``bench/research/replay.py`` all satisfy it, so a run can be driven
+by any of them. Above it are the strategies (:mod:`autotune.search.strategies`, the agent's planner and policy), which
 only decide which plans come next.
 
 Store hits are free, so the loop also stops after ``budget.stall_episodes`` plans in a row that built nothing, and

@@ -40,7 +40,7 @@ about 10 % between measurements (one MiniLM plan measured 1.29x to 1.73x in six 
 than one layer is worth (1-2 %), so per-layer terms fitted on a few dozen trials rank plans by their noise, while
 the profile times every layer in one long run. Over the 35 finalists of seven MiniLM runs this model alone ranked
 them as their confirmations did better than any other estimate (correlation 0.85 and 0.79 on two machines, against
-0.74 and 0.75 for :func:`expected_speedups`; docs/benchmarks.md, ``bench/ranking_check.py``)."""
+0.74 and 0.75 for :func:`expected_speedups`; docs/benchmarks.md, ``bench/research/ranking_check.py``)."""
 
 
 def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -> dict[str, float]:
@@ -55,7 +55,7 @@ def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -
     35 finalists of seven MiniLM runs the mean of the two logs ranked the plans as their confirmation did better
     than either: confirmed by the runs themselves, correlation 0.74 against 0.70 for either alone; confirmed again
     on another machine, 0.75 against 0.64 for the measurement and 0.71 for the model, and the closest (mean |log
-    error| 0.086, against 0.094 and 0.097). ``bench/ranking_check.py`` computes these from the runs'
+    error| 0.086, against 0.094 and 0.097). ``bench/research/ranking_check.py`` computes these from the runs'
     stores (no longer committed: ``bench/results/README.md`` says how to get them back; the commands are in
     docs/benchmarks.md).
 

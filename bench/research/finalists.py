@@ -5,7 +5,7 @@ The finalist rule (``autotune.tune.finalist_order``) can change after a run has 
 ``autotune evaluate --split holdout --plan FILE ...`` without building a search trial again.
 
 Usage:
-    python bench/finalists.py configs/minilm-cpu.yaml --stores b48/runs/ppo-s0/trials.sqlite greedy=greedy.sqlite \
+    python bench/research/finalists.py configs/minilm-cpu.yaml --stores b48/runs/ppo-s0/trials.sqlite greedy=greedy.sqlite \
         --out finalists
 A run ranks with its FP32 profile's runtime shares, which agent runs keep in their store; ``--shares STORE`` lends
 them to stores that keep none (a search's). It writes ``NAME-K.json`` (K = 0 is the first finalist; NAME is given

@@ -1,7 +1,7 @@
 """Shape inference of a large ONNX model: onnx's own, against ``autotune.shapes`` (the weights' bytes left out).
 
 Usage:
-    python bench/shape_inference.py MODEL.onnx [--reps 4]
+    python bench/research/shape_inference.py MODEL.onnx [--reps 4]
     e.g. the BERT-large-shaped encoder's weights (530 MB; a batch-1 export has the same ones):
     python -c "from pathlib import Path; from autotune.model import InputSpec as I;
     from autotune.torch_export import export_torch as e; e('autotune.examples.encoder:build_module',

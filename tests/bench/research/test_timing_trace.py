@@ -1,4 +1,4 @@
-"""bench/timing_trace.py: the spells of a trace are told from the reference's pace."""
+"""bench/research/timing_trace.py: the spells of a trace are told from the reference's pace."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "research"))
 from timing_trace import spells  # noqa: E402
 
 

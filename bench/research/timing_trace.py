@@ -5,7 +5,7 @@ host takes a core for spells, and a two-thread session's INT8 slows more than it
 This prints, per 0.1 s block, whether the reference ran within the band of its quiet level (the 10th percentile of
 the blocks), how long the slow spells lasted, and the INT8 ratio quiet and in the spells.
 
-    python bench/timing_trace.py configs/cnn-cpu.yaml --seconds 50 [--out trace.npy]
+    python bench/research/timing_trace.py configs/cnn-cpu.yaml --seconds 50 [--out trace.npy]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/finalists.py: a finished run's finalists by today's rule, as plan files that `autotune evaluate` reads."""
+"""bench/research/finalists.py: a finished run's finalists by today's rule, as plan files `autotune evaluate` reads."""
 
 import json
 import sys
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench" / "research"))
 
 from finalists import main  # noqa: E402
 

@@ -12,9 +12,9 @@ error of the log speedup); this needs no confirmation, so it serves a run that s
 config (``--config``) for the knobs' defaults.
 
 Usage:
-    python bench/ranking_check.py --stores greedy=greedy.sqlite ppo-s0=b48/stores/ppo-s0.sqlite \
+    python bench/research/ranking_check.py --stores greedy=greedy.sqlite ppo-s0=b48/stores/ppo-s0.sqlite \
         --confirmed greedy=confirmed-greedy.json ppo-s0=confirmed-ppo-s0.json
-    python bench/ranking_check.py --config configs/cnn-cpu.yaml --stores cnn-host/stores/ppo-s*.sqlite
+    python bench/research/ranking_check.py --config configs/cnn-cpu.yaml --stores cnn-host/stores/ppo-s*.sqlite
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # cleanly before the limit, its run directories packed into $OUT (results.tgz). Calling it again resumes every run.
 #
 #   with the wheels in .whl and earlier results in .device/:
-#       bash bench/device_bench.sh 530 configs/minilm-cpu.yaml --strategies int8 fp32 ppo random greedy optuna \
+#       bash tools/device/device_bench.sh 530 configs/minilm-cpu.yaml --strategies int8 fp32 ppo random greedy optuna \
 #           --seeds 0 1 2 --budget 150 --out bench/results/minilm-cpu --jobs 11 --cores-per-job 2
 #
 # The first argument is the seconds the benchmark may run in this call; the rest go to bench/run.py.
@@ -13,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=$1
 shift
-bash bench/device_wheels.sh install >/dev/null
+bash tools/device/device_wheels.sh install >/dev/null
 if [[ -n "${RESUME_FROM:-}" ]]; then tar xzf "$RESUME_FROM"; fi
 export PYTHONPATH=$PWD/.device/site:$PWD AUTOTUNE_MINILM_DIR=$PWD/.device/minilm MPLBACKEND=Agg
 out=${OUT:-/tmp/out}

@@ -1,4 +1,4 @@
-"""bench/replay.py: the agent against a simulator fitted from a store of real trials."""
+"""bench/research/replay.py: the agent against a simulator fitted from a store of real trials."""
 
 import ast
 import os
@@ -14,7 +14,7 @@ from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_replay_trains_the_agent_on_a_simulator_of_the_stored_trials(tmp_path):
@@ -28,7 +28,7 @@ def test_replay_trains_the_agent_on_a_simulator_of_the_stored_trials(tmp_path):
     with TrialStore(store_path) as store:
         for _ in range(30):
             store.put(evaluate(space.plan({n: "int8" for n in space.layer_names if rng.random() < 0.5})))
-    command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(store_path)]
+    command = [sys.executable, str(ROOT / "bench" / "research" / "replay.py"), str(config), "--stores", str(store_path)]
     command += ["--set", "ppo.episodes_per_update=2", "--set", "ppo.imagined_episodes=4", "--seeds", "0", "1"]
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
@@ -60,7 +60,7 @@ def _trials_of(drop_of, count=60, seed=0):
 
 
 def test_the_simulator_check_trusts_additive_drops_and_flags_interacting_ones():
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "research"))
     import replay
 
     def additive(plan):
@@ -80,7 +80,7 @@ def test_the_simulator_check_trusts_additive_drops_and_flags_interacting_ones():
 
 
 def test_the_simulator_s_savings_follow_the_profile_with_a_saving_weight_and_its_drops_the_trials():
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "research"))
     import replay
 
     from autotune.search.prior import PriorInputs
@@ -109,7 +109,13 @@ def test_the_simulator_s_savings_follow_the_profile_with_a_saving_weight_and_its
 def test_replay_names_the_fix_when_the_stores_hold_too_few_trials(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(dump_config(tiny_config(tmp_path)))
-    command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(tmp_path / "none*")]
+    command = [
+        sys.executable,
+        str(ROOT / "bench" / "research" / "replay.py"),
+        str(config),
+        "--stores",
+        str(tmp_path / "none*"),
+    ]
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600, cwd=tmp_path)
     assert done.returncode != 0 and "too few successful trials" in done.stderr
@@ -129,7 +135,7 @@ def test_replay_compares_every_strategy_by_builds_to_reach_greedys_result(tmp_pa
         for _ in range(30):
             store.put(evaluate(space.plan({n: "int8" for n in space.layer_names if rng.random() < 0.5})))
     out = tmp_path / "curves.json"
-    command = [sys.executable, str(ROOT / "bench" / "replay.py"), str(config), "--stores", str(store_path)]
+    command = [sys.executable, str(ROOT / "bench" / "research" / "replay.py"), str(config), "--stores", str(store_path)]
     command += ["--set", "ppo.episodes_per_update=2", "--set", "ppo.imagined_episodes=4", "--seeds", "0", "1"]
     command += ["--strategies", "ppo", "greedy", "random", "--out", str(out), "--plans-out", str(tmp_path / "plans")]
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -180,7 +186,7 @@ class _Truth:
 
 
 def test_the_simulated_winner_is_the_bolder_plan_only_while_its_held_out_drop_meets_the_budget(tmp_path):
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "research"))
     import replay
 
     config = tiny_config(tmp_path, search={"budget_headroom": 0.2})  # budget 0.02, search budget 0.016
@@ -204,7 +210,7 @@ def test_the_simulated_winner_is_the_bolder_plan_only_while_its_held_out_drop_me
 
 
 def test_held_out_drop_ratios_pair_each_confirmation_with_its_search_trial(tmp_path):
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "bench" / "research"))
     import replay
 
     space = tiny_space()

@@ -8,8 +8,8 @@
 # and their missing dependencies, at the versions installed in .venv so the device runs what the tests ran.
 # What travels to the device must stay under 64 MiB per call: .whl/ is git-ignored, so carry it explicitly.
 #
-#   here:       nice -n 19 bash bench/device_wheels.sh            # -> .whl/*.whl
-#   on the GPU: bash bench/device_wheels.sh install               # -> .device/site (offline, no dependencies)
+#   here:       nice -n 19 bash tools/device/device_wheels.sh            # -> .whl/*.whl
+#   on the GPU: bash tools/device/device_wheels.sh install               # -> .device/site (offline, no dependencies)
 #               PYTHONPATH=.device/site:. python bench/gpu.py {tune,plans,gemm} --out OUT ...
 #
 # Left out on purpose: torch, numpy and the rest of the device's list above; tomli (Python < 3.11 only);

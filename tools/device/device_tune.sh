@@ -3,8 +3,8 @@
 # MiniLM's weights from .device/minilm, every run directory written to $OUT/runs (exported weights left out to keep
 # the transfer small), each run's log to $OUT/<name>.log, and the rows of every run to $OUT/gpu.json and gpu.md.
 #
-#   bash bench/device_tune.sh SECONDS CONFIG [--set KEY=VALUE ...] [-- CONFIG [--set KEY=VALUE ...] ...]
-#   e.g. bash bench/device_tune.sh 550 configs/minilm-gpu-b64.yaml --set budget.builds=8 \
+#   bash tools/device/device_tune.sh SECONDS CONFIG [--set KEY=VALUE ...] [-- CONFIG [--set KEY=VALUE ...] ...]
+#   e.g. bash tools/device/device_tune.sh 550 configs/minilm-gpu-b64.yaml --set budget.builds=8 \
 #            -- configs/minilm-gpu-b256.yaml --set budget.builds=8
 #
 # SECONDS is now one time limit for all the runs together (gpu.py's --time-limit), no longer one before each config:
@@ -12,7 +12,7 @@
 # (SIGINT, as Ctrl-C); `autotune resume` continues it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash bench/device_wheels.sh install >/dev/null
+bash tools/device/device_wheels.sh install >/dev/null
 export PYTHONPATH=$PWD/.device/site:$PWD AUTOTUNE_MINILM_DIR=$PWD/.device/minilm MPLBACKEND=Agg
 out=${OUT:-/tmp/out}
 seconds=$1

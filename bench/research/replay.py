@@ -6,8 +6,8 @@ real trial in the given stores, and trains the agent against it: each "build" re
 log-normal noise and the model's accuracy drop. A variant is a list of config overrides.
 
 Usage (the stores of earlier real runs; ``--set`` once per override of the variant):
-    python bench/replay.py configs/minilm-cpu.yaml --stores 'runs/minilm-cpu*/trials.sqlite' --seeds 0 1
-    python bench/replay.py configs/minilm-cpu.yaml --stores '...' --set planner.probe_plans=false --noise 0.06
+    python bench/research/replay.py configs/minilm-cpu.yaml --stores 'runs/minilm-cpu*/trials.sqlite' --seeds 0 1
+    python bench/research/replay.py configs/minilm-cpu.yaml --stores '...' --set planner.probe_plans=false --noise 0.06
 
 Prints the simulator's best plan within the search budget (a local search over plans with default knobs: the ceiling
 of what any strategy can find, as far as the simulator knows), how well the same fit predicts trials it has not
@@ -20,7 +20,7 @@ anything that relies on additivity: treat its results as leads for a real run, n
 settings, ``ppo-noprior`` the agent without per-layer priors, ``planner`` the surrogate planner alone, and the
 searches ``greedy``, ``random``, ``optuna``), each through the driver and the strategies a real run ships, the
 uniform seeds first as a real run builds them:
-    python bench/replay.py configs/minilm-cpu.yaml --stores 'runs-bench/*/trials.sqlite' \
+    python bench/research/replay.py configs/minilm-cpu.yaml --stores 'runs-bench/*/trials.sqlite' \
         --strategies ppo ppo-noprior greedy random optuna --seeds 0 1 2 3 4 5 6 7 8 9 --set budget.builds=48
 It prints, per strategy, the median [min, max] over seeds of the builds until the best plan within the search budget
 reaches 98 % of the simulator's greedy result (greedy's median over the seeds), and of the best speedup after 12,

@@ -1,12 +1,12 @@
-"""bench/shape_inference.py on a model with a weight it leaves out: both inferences timed, the same result."""
+"""bench/research/shape_inference.py on a model with a weight it leaves out: both inferences timed, the same result."""
 
 import sys
 from pathlib import Path
 
 import onnx
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench" / "research"))
 
 import shape_inference  # noqa: E402
 

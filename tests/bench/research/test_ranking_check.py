@@ -1,4 +1,4 @@
-"""bench/ranking_check.py: how well each estimate of a plan's speedup foretells its confirmation."""
+"""bench/research/ranking_check.py: how well each estimate of a plan's speedup foretells its confirmation."""
 
 import json
 import math
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench" / "research"))
 
 from ranking_check import agreement, estimates, main  # noqa: E402
 

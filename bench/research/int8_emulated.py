@@ -6,8 +6,8 @@ natively first (writes OUT.npz), then under qemu with the same arguments (compar
 
     autotune evaluate configs/minilm-cpu.yaml --plan fp32 --plan int8 --split holdout \
         --set 'search.knobs.int8_scheme=[u8u8]'          # its evaluate/<hash>/ folders: model.onnx, session.json
-    python bench/int8_emulated.py INT8_DIR FP32_DIR OUT.npz --batches 8
-    qemu-x86_64 -cpu Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid .venv/bin/python bench/int8_emulated.py \
+    python bench/research/int8_emulated.py INT8_DIR FP32_DIR OUT.npz --batches 8
+    qemu-x86_64 -cpu Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid .venv/bin/python bench/research/int8_emulated.py \
         INT8_DIR FP32_DIR OUT.npz --batches 2
 """
 
