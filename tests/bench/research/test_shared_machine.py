@@ -1,4 +1,4 @@
-"""Tests for bench/shared_machine.py's summary of its runs (the runs themselves are the benchmark)."""
+"""Tests for bench/research/shared_machine.py's summary of its runs (the runs themselves are the benchmark)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "shared_machine", Path(__file__).parents[2] / "bench" / "shared_machine.py"
+    "shared_machine", Path(__file__).parents[3] / "bench" / "research" / "shared_machine.py"
 )
 shared_machine = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(shared_machine)

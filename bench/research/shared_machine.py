@@ -6,7 +6,7 @@ process, while one other CPU-bound process (``python -c 'while True: pass'``, on
 or not at all. It prints, per condition, the FP32 rows (each against the reference: 1 when the timing is true), the
 all-INT8 rows, and what the command said about the machine (the ``autotune: note:`` line on stderr).
 
-    python bench/shared_machine.py configs/cnn-cpu.yaml --out bench/results/shared_machine.json
+    python bench/research/shared_machine.py configs/cnn-cpu.yaml --out bench/results/shared_machine.json
 
 docs/benchmarks.md ("Timing on a shared machine") cites its output.
 """
