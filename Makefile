@@ -41,6 +41,7 @@ docs: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check autotune envs tests
+	$(BIN)/ruff format --check autotune envs tests
 
 clean:
 	rm -rf $(VENV) .cache runs/*/
