@@ -13,8 +13,8 @@ from autotune.store import TrialStore
 from autotune.trial import OK
 from autotune.tune import tune
 from tests.reliability import faults
-from tests.reliability.helpers import REPO, fast_config
-from tests.reliability.test_trial_faults import _plans
+from tests.reliability.helpers import REPO, distinct_plans, fast_config
+
 
 ray = pytest.importorskip("ray")
 RAY = {"workers": 2, "backend": "ray"}
@@ -57,7 +57,7 @@ def test_a_ray_worker_killed_mid_trial_is_replaced_and_its_trial_runs_again(tmp_
     config = fast_config(
         tmp_path, execution=RAY, backend=ONE_THREAD, metric={"name": "custom", "function": faults.METRIC}
     )
-    plans = _plans(config, 4)
+    plans = distinct_plans(config, 4)
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         assert isinstance(evaluator._pool, RayPool)
         results = list(evaluator.evaluate_many(plans))
