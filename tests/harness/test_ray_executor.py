@@ -15,7 +15,6 @@ from autotune.tune import tune
 from tests.reliability import faults
 from tests.reliability.helpers import REPO, distinct_plans, fast_config
 
-
 ray = pytest.importorskip("ray")
 RAY = {"workers": 2, "backend": "ray"}
 ONE_THREAD = {"intra_op_threads": 1, "timeout_s": 120}
