@@ -8,6 +8,13 @@ all-INT8 rows, and what the command said about the machine (the ``autotune: note
 
     python bench/research/shared_machine.py configs/cnn-cpu.yaml --out bench/results/shared_machine.json
 
+``--tune-pair`` instead runs two tuning runs of the config at once (``autotune tune CONFIG --set name=...-a`` and
+``-b``, so they share the cores), keeps what each said about the machine, and then re-measures both winners side by
+side, quiet, in one ``autotune evaluate`` of 20 rounds: two runs that each measured right beside the other should
+export winners that are level.
+
+    python bench/research/shared_machine.py configs/cnn-cpu.yaml --tune-pair --out bench/results/shared_tune_pair.json
+
 docs/benchmarks.md ("Timing on a shared machine") cites its output.
 """
 
@@ -63,6 +70,43 @@ def run_condition(config: str, niceness: int | None, runs: int, extra: list[str]
             competitor.wait()
 
 
+def tune_pair(config: str, extra: list[str]) -> dict:
+    """Two tuning runs at once, then their winners side by side on the machine they leave quiet."""
+    name = Path(config).stem
+    runs = [f"{name}-shared-a", f"{name}-shared-b"]
+    started = time.perf_counter()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "autotune", "tune", config, "--set", f"name={run}", "--no-progress", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for run in runs
+    ]
+    outputs = [process.communicate() for process in processes]
+    wall_s = time.perf_counter() - started
+    said = {
+        run: [line for line in err.splitlines() if line.startswith("autotune: note:")]
+        + [line for line in out.splitlines() if line.startswith("note:")]
+        for run, (out, err) in zip(runs, outputs, strict=True)
+    }
+    summaries = {run: json.loads((Path("runs") / run / "best" / "summary.json").read_text()) for run in runs}
+    plans = [item for run in runs for item in ("--plan", f"runs/{run}/best/plan.json")]
+    command = [sys.executable, "-m", "autotune", "evaluate", config, *plans, "--plan", "int8", "--split", "holdout"]
+    again = subprocess.run([*command, "--json", "--set", "measure.rounds=20"], capture_output=True, text=True)
+    rows = json.loads(again.stdout)
+    return {
+        "wall_s": round(wall_s, 1),
+        "said": said,
+        "busy": {run: summaries[run].get("busy") for run in runs},
+        "winners_in_their_runs": {run: summaries[run]["winner"]["speedup"] for run in runs},
+        "re_measured_quiet": {"a": rows[0]["speedup"], "b": rows[1]["speedup"], "int8": rows[2]["speedup"]},
+        "a_over_b_quiet": rows[0]["speedup"] / rows[1]["speedup"],
+        "quiet_note": next((line for line in again.stderr.splitlines() if "autotune: note:" in line), None),
+    }
+
+
 def summarize(results: list[dict]) -> dict:
     """The condition's FP32 rows, INT8 rows, their spread, and how many runs said the machine was busy."""
     measured = [r for r in results if "error" not in r]
@@ -90,9 +134,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--condition", action="append", choices=list(CONDITIONS), help="default: all three")
     parser.add_argument("--set", action="append", default=[], help="passed on to autotune evaluate")
+    parser.add_argument("--tune-pair", action="store_true", help="two tuning runs at once, then their winners")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     extra = [item for value in args.set for item in ("--set", value)]
+    if args.tune_pair:
+        report = {"command": " ".join(sys.argv), **tune_pair(args.config, extra)}
+        print(json.dumps(report, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+        return
     report = {"command": " ".join(sys.argv), "cpus": sorted(os.sched_getaffinity(0)), "conditions": {}}
     for name in args.condition or list(CONDITIONS):
         results = run_condition(args.config, CONDITIONS[name], args.runs, extra)
