@@ -76,7 +76,7 @@ def test_the_trial_process_settles_once_and_its_later_trials_time_only_their_rou
     from autotune.measure import ReferencePace
 
     monkeypatch.setattr(runner, "pace", ReferencePace())
-    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.05)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.05, busy_wait=None)  # the settling alone
     int8 = runner.space.uniform("int8")
     (first,) = runner.run_side_by_side([int8], "evaluation", protocol)
     settled_rounds = runner.pace.rounds
