@@ -146,8 +146,12 @@ def check_confirmation_timing(
 
 
 def busy_note(results: list[TrialResult]) -> str | None:
-    """One line when the machine was too busy for any of these results' ratios to be trusted, else None."""
-    busy = Busy.merged([Busy.from_dict(result.busy) for result in results if result.too_busy])
+    """One line when the machine was too busy for any of these results' ratios to be trusted, else None.
+
+    Results timed side by side share one measurement and so one ``Busy``: each measurement is counted once.
+    """
+    measurements = {Busy.from_dict(result.busy) for result in results if result.too_busy}
+    busy = Busy.merged(sorted(measurements, key=lambda measured: measured.rounds))
     return None if busy is None else busy.describe()
 
 

@@ -143,6 +143,7 @@ def test_a_confirmation_the_machine_kept_too_busy_is_confirmed_again_and_said_on
     assert not any(result.too_busy for result in again)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "too busy to measure" in lines[0] and "confirmed again in 8 rounds" in lines[0]
+    assert "in 40 of 40 rounds" in lines[0]  # the two rows' one measurement, counted once
 
 
 def test_the_summary_counts_the_trials_and_confirmations_other_work_got_in_the_way_of(tmp_path, config):
