@@ -74,6 +74,8 @@ def reference_model(
     if is_transformer(model):
         options["model_type"] = nncf.ModelType.TRANSFORMER
     batches = [dict(batch) for batch in calibration]
+    nncf_logger, level = logging.getLogger("nncf"), logging.getLogger("nncf").level
+    nncf_logger.setLevel(logging.WARNING)  # its progress reports are for its own user; ours did not call it
     try:
         if name == "nncf-quantize":
             return nncf.quantize(model, nncf.Dataset(batches), **options), config
@@ -81,6 +83,8 @@ def reference_model(
     except Exception as error:  # noqa: BLE001 - NNCF raises anything; a failed one-liner is a failed reference
         message = str(error).strip().splitlines()
         raise BuildError(f"{name}: NNCF failed: {type(error).__name__}: {message[-1] if message else ''}") from error
+    finally:
+        nncf_logger.setLevel(level)
 
 
 def _accuracy_controlled(
@@ -96,13 +100,17 @@ def _accuracy_controlled(
     if backend.accuracy_budget is None:
         raise BuildError("nncf-accuracy-control needs the run's accuracy budget (max_drop)")
     fp32 = backend.compile(model, compile_config(backend.intra_op_threads, {}, "fp32"))
-    expected = [backend.run_engine(fp32, batch)[0] for batch in batches]
+    # By the batch's identity: NNCF validates its ranking on subsets of the items, which it hands over as they are.
+    expected = {id(batch): backend.run_engine(fp32, batch)[0] for batch in batches}
     agreement = top1_agreement if backend.metric == "top1" else cosine
 
     def validate(compiled: Any, items: Any) -> float:
         request = compiled.create_infer_request()
-        outputs = [request.infer(item)[compiled.outputs[0]].copy() for item in items]
-        return float(agreement(outputs, expected))
+        outputs, reference = [], []
+        for item in items:
+            outputs.append(request.infer(item)[compiled.outputs[0]].copy())
+            reference.append(expected[id(item)])
+        return float(agreement(outputs, reference))
 
     dataset = nncf.Dataset(batches)
     return nncf.quantize_with_accuracy_control(
