@@ -228,3 +228,26 @@ def test_a_graph_openvino_cannot_read_is_a_build_error(tiny):
     broken.graph.node[0].op_type = "NoSuchOp"
     with pytest.raises(BuildError, match="OpenVINO could not compile"):
         backend.build_graph(broken, {})
+
+
+def test_accuracy_control_judges_the_items_nncf_passes_against_their_own_fp32_outputs(tiny, monkeypatch):
+    nncf = pytest.importorskip("nncf")
+    import openvino as ov
+
+    backend, _ = tiny
+    seen = {}
+
+    def accuracy_control(model, calibration_dataset, validation_dataset, validation_fn, max_drop, drop_type, **options):
+        items = list(validation_dataset.get_data())
+        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        seen["subset"] = validation_fn(compiled, items[::-1][:2])  # NNCF ranks on subsets, in its own order
+        seen["max_drop"] = max_drop
+        return model
+
+    monkeypatch.setattr(nncf, "quantize_with_accuracy_control", accuracy_control)
+    rng = np.random.default_rng(3)
+    calibration = [{"x": rng.standard_normal((16, 32)).astype(np.float32)} for _ in range(3)]
+    backend.build_reference("nncf-accuracy-control", calibration, Path("."))
+    metric, each = seen["subset"]
+    assert metric == 1.0 and each == [1.0, 1.0]  # the FP32 model agrees with itself on whichever items it gets
+    assert seen["max_drop"] == 0.02  # the run's budget

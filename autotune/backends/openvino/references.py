@@ -104,13 +104,15 @@ def _accuracy_controlled(
     expected = {id(batch): backend.run_engine(fp32, batch)[0] for batch in batches}
     agreement = top1_agreement if backend.metric == "top1" else cosine
 
-    def validate(compiled: Any, items: Any) -> float:
+    def validate(compiled: Any, items: Any) -> tuple[float, list[float]]:
+        """NNCF's documented validation: the metric, and the metric of each item (its ranking then uses them)."""
         request = compiled.create_infer_request()
         outputs, reference = [], []
         for item in items:
             outputs.append(request.infer(item)[compiled.outputs[0]].copy())
             reference.append(expected[id(item)])
-        return float(agreement(outputs, reference))
+        each = [float(agreement([output], [fp32])) for output, fp32 in zip(outputs, reference, strict=True)]
+        return float(agreement(outputs, reference)), each
 
     dataset = nncf.Dataset(batches)
     return nncf.quantize_with_accuracy_control(
