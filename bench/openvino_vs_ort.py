@@ -77,7 +77,7 @@ def main() -> int:
         return lambda: [backend.run_engine(engine, batch) for batch in batches[:2]]
 
     names = [name for name in engines if name != "ort-fp32"]
-    protocol = Protocol(warmup=1, repeats=3, rounds=args.rounds, settle_s=2.0)
+    protocol = Protocol(warmup=1, repeats=3, rounds=args.rounds, settle_s=2.0, max_rounds=2 * args.rounds)
     latencies = side_by_side([runner(name) for name in names], runner("ort-fp32"), protocol)
     rows = [{"engine": "ort-fp32", "speedup_vs_ort_fp32": 1.0, "drop": 0.0}]
     for name, latency in zip(names, latencies, strict=True):
