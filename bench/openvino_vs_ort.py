@@ -1,6 +1,7 @@
 r"""Which runtime for this CPU: the ONNX Runtime and OpenVINO winners and OpenVINO's references, side by side.
 
-Usage (after an ONNX Runtime run and an OpenVINO run of the same config):
+Usage (after an ONNX Runtime run and an OpenVINO run of the same config; a plan JSON in place of a best/ directory
+is built as a run of the config on that backend builds it, its calibration from the cache):
     python bench/openvino_vs_ort.py configs/minilm-cpu.yaml --ort runs/minilm-cpu/best --openvino runs/minilm-ov/best \
         --out bench/results/openvino/minilm-cpu.json [--references ov-default nncf-quantize nncf-accuracy-control]
 
@@ -32,13 +33,26 @@ from autotune.metrics import cosine
 from autotune.plan import Plan
 
 
-def _ort_winner(backend: OnnxRuntimeCPU, best: Path):
+def _from_plan(config_path: str, overrides: list[str], backend: str, plan_file: Path):
+    """The engine of a plan file, built as a run of the config on ``backend`` builds it (calibration cached)."""
+    from autotune.harness.runner import TrialRunner
+
+    config = load_config(config_path, [*overrides, f"backend.name={backend}"])
+    runner = TrialRunner(config)
+    return runner.build(Plan.from_json(plan_file.read_text()), config.run_dir).engine
+
+
+def _ort_winner(backend: OnnxRuntimeCPU, best: Path, args: argparse.Namespace):
+    if best.is_file():  # a plan JSON (a trial's plan from the store)
+        return _from_plan(args.config, args.set, "onnxruntime", best)
     plan = Plan.from_json((best / "plan.json").read_text()) if (best / "plan.json").is_file() else None
     knobs = plan.knob_map if plan is not None else {}
     return backend.build_graph(onnx.load(str(best / "model.onnx")), knobs)
 
 
-def _ov_winner(backend: OpenVINOCPU, best: Path):
+def _ov_winner(backend: OpenVINOCPU, best: Path, args: argparse.Namespace):
+    if best.is_file():
+        return _from_plan(args.config, args.set, "openvino", best)
     manifest = json.loads((best / "openvino.json").read_text())
     return backend.compile(backend.core.read_model(str(best / "model.xml")), manifest["config"])
 
@@ -47,8 +61,8 @@ def main() -> int:
     """Builds every engine, times them side by side, prints and writes the ratios."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config")
-    parser.add_argument("--ort", type=Path, required=True, help="the ONNX Runtime run's best/ directory")
-    parser.add_argument("--openvino", type=Path, required=True, help="the OpenVINO run's best/ directory")
+    parser.add_argument("--ort", type=Path, help="the ONNX Runtime run's best/ directory, or a plan (optional)")
+    parser.add_argument("--openvino", type=Path, required=True, help="the OpenVINO run's best/ directory, or a plan")
     parser.add_argument("--references", nargs="*", default=["ov-default"])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--out", type=Path, required=True)
@@ -63,10 +77,11 @@ def main() -> int:
     ov.prepare(model, model.layer_names)
     engines = {
         "ort-fp32": (ort, ort.build_graph(model.proto, {})),
-        "ort-winner": (ort, _ort_winner(ort, args.ort)),
         "ov-fp32": (ov, ov.build_graph(model.proto, {})),
-        "ov-winner": (ov, _ov_winner(ov, args.openvino)),
+        "ov-winner": (ov, _ov_winner(ov, args.openvino, args)),
     }
+    if args.ort is not None:
+        engines["ort-winner"] = (ort, _ort_winner(ort, args.ort, args))
     for name in args.references:
         engines[name] = (ov, ov.build_reference(name, calibration, args.out.parent).engine)
     batches = holdout.batches
@@ -84,27 +99,29 @@ def main() -> int:
         drop = 1.0 - cosine(outputs[name], outputs["ort-fp32"])
         rows.append({"engine": name, "speedup_vs_ort_fp32": latency.speedup, "drop": drop, "ms": latency.median_ms})
     winner = dict(zip(names, latencies, strict=True))
-    # Both winners' ratios of a round share that round's ORT FP32 median: their quotient compares them directly.
-    ratio = float(
-        np.median(
-            [
-                o / r
-                for o, r in zip(winner["ov-winner"].round_speedups, winner["ort-winner"].round_speedups, strict=True)
-            ]
+    # Every ratio of a round shares that round's ORT FP32 median: the quotient of two compares them directly.
+    over = {
+        name: float(
+            np.median([a / b for a, b in zip(winner["ov-winner"].round_speedups, latency.round_speedups, strict=True)])
         )
-    )
+        for name, latency in winner.items()
+        if name != "ov-winner"
+    }
+    ratio = over.get("ort-winner")
     result = {
         "config": args.config,
         "command": " ".join(sys.argv),
         "rows": rows,
         "ov_winner_over_ort_winner": ratio,
+        "ov_winner_over_each_round_by_round": over,
         "budget": config.accuracy_budget,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     for row in rows:
         print(f"{row['engine']:<24} {row['speedup_vs_ort_fp32']:6.2f}x ORT FP32   drop {row['drop']:.2e}")
-    print(f"OpenVINO winner / ONNX Runtime winner, per round: {ratio:.2f}x")
+    for name, value in over.items():
+        print(f"OpenVINO winner / {name}, round by round: {value:.2f}x")
     return 0
 
 
