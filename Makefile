@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The versions the tests run with: constraints.txt pins torch==2.13.0, the CPU build, not a multi-GB CUDA one.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,minilm,optuna,efficientnet,ray,torchao]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev,minilm,optuna,efficientnet,ray,torchao,openvino,nncf]"
 	# TensorRT 11.4's Python bindings alone (no libraries): the API-conformance test imports them against stubs.
 	$(BIN)/python -m pip install --quiet --no-deps tensorrt-cu13-bindings==11.4.0.106
 	touch $(STAMP)

@@ -41,7 +41,7 @@ def analyze(
     """
     factory_module.cache_clear()  # this analysis calls the factory afresh, once
     try:
-        backend = get_backend(config.backend, config.model)
+        backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
         profiles = profile and backend.profiles
         model = load_model(config, file_ready=None if profiles else model_ready)
         if profiles:
@@ -154,7 +154,7 @@ def references(config: TuneConfig) -> tuple[str, ...]:
     Raises:
         BackendUnavailable: The backend's runtime is not installed.
     """
-    return get_backend(config.backend, config.model).references()
+    return get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name).references()
 
 
 def resolve_plan(spec: str, space: SearchSpace, one_liners: tuple[str, ...] = ()) -> Plan:
@@ -254,17 +254,23 @@ def load(best_dir: str | Path, device: str | None = None) -> Any:
     """A run's exported winner, ready to call at the speed the run measured: ``autotune.load("runs/NAME/best")``.
 
     A torch export (``manifest.json``) comes back compiled and captured with the winner's knobs
-    (``autotune.backends.torch.load_engine``); call it with the model's inputs.
+    (``autotune.backends.torch.load_engine``); call it with the model's inputs. An OpenVINO export
+    (``openvino.json``) comes back as OpenVINO's compiled model, with the properties the run measured it with; call
+    it with a dict of the model's inputs.
 
     Args:
         best_dir: The export directory (a run's ``best/``).
         device: Where to run; default the device the run built for.
 
     Raises:
-        ValueError: The directory holds no torch export (ONNX Runtime's ``model.onnx`` and TensorRT's
+        ValueError: The directory holds no torch or OpenVINO export (ONNX Runtime's ``model.onnx`` and TensorRT's
             ``engine.plan`` load with their own runtimes).
     """
     best_dir = Path(best_dir)
+    if (best_dir / "openvino.json").is_file():
+        from autotune.backends.openvino import load_compiled
+
+        return load_compiled(best_dir)
     if not (best_dir / "manifest.json").is_file():
         found = sorted(path.name for path in best_dir.iterdir()) if best_dir.is_dir() else []
         raise ValueError(

@@ -118,8 +118,9 @@ def _add_from(parser: argparse.ArgumentParser) -> None:
 def _one_liners() -> str:
     """The one-liners of each backend that names them without starting its runtime, for ``--help``."""
     from autotune.backends.onnxruntime import REFERENCES
+    from autotune.backends.openvino.references import REFERENCES as OPENVINO_REFERENCES
 
-    return f"onnxruntime: {', '.join(REFERENCES)}"
+    return f"onnxruntime: {', '.join(REFERENCES)}; openvino: {', '.join(OPENVINO_REFERENCES)}"
 
 
 def _inspect(args: argparse.Namespace) -> int:

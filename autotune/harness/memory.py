@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.int8_kernels import isa_features
+from autotune.backends.openvino.properties import bf16_features
 from autotune.config import ConfigError, TuneConfig
 from autotune.data import load_dataset
 from autotune.harness.evaluator import Evaluator
@@ -35,6 +36,7 @@ PRIOR_META = "prior_inputs"
 
 _KERNEL_LIBRARIES = {
     "onnxruntime": ("onnxruntime", "onnx", "numpy"),
+    "openvino": ("openvino", "nncf", "onnx", "numpy"),
     "tensorrt": ("tensorrt", "onnx", "numpy"),
     "torch": ("torch", "onnx", "numpy"),
 }
@@ -74,16 +76,20 @@ def _gpu_name(config: TuneConfig) -> str | None:
 def machine_identity(config: TuneConfig) -> dict[str, Any]:
     """CPU model, its INT8 ISA features, cores this process may use, and GPU name where the backend has one.
 
-    One CPU model name covers CPUs with and without VNNI (``AMD EPYC``, a VM's generic name), whose INT8 kernels
+    With the OpenVINO backend also the CPU's BF16 features (``bf16_isa``): its BF16 layers exist only where they
+    are. One CPU model name covers CPUs with and without VNNI (``AMD EPYC``, a VM's generic name), whose INT8 kernels
     differ in speed and in what they compute: trials of one are no evidence about the other.
     """
-    return {
+    identity = {
         "cpu": _cpu_model(),
         "isa": list(isa_features()),
         "cores": usable_cores(),
         "gpu": _gpu_name(config),
         "system": platform.system(),
     }
+    if config.backend.name == "openvino":  # BF16 kernels (AVX512_BF16, AMX) decide its float precisions' speed
+        identity["bf16_isa"] = list(bf16_features())
+    return identity
 
 
 def data_fingerprint(config: TuneConfig, model: LoadedModel) -> dict[str, str]:

@@ -107,7 +107,7 @@ class TrialRunner:
         """Wall seconds of each stage of this runner's set-up (``Stages``), for the run's summary."""
         try:
             with stage("backend"):
-                self.backend = get_backend(config.backend, config.model)
+                self.backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
             if gate is not None:
                 with stage("load_ahead"):
                     self.backend.load_ahead()
