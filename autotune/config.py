@@ -300,10 +300,10 @@ class MeasureConfig(_Strict):
     rounds: int = Field(4, ge=1)
     """Quiet rounds per measurement: the speedup is the median of their ratios (``autotune.measure``)."""
     quiet_band: float | None = Field(0.05, gt=0)
-    """A round counts when every plan in it and the FP32 reference ran within this fraction of their own fastest
-    rounds (the reference's also of the fastest the trial process has timed): in a slow spell of the machine
-    (another tenant on the host's cores) INT8 slows more than FP32, so the ratio itself moves. None: no pace is
-    checked."""
+    """A round counts when its FP32 reference ran within this fraction of the fastest reference round the trial
+    process has timed (in a slow spell of the machine INT8 slows more than FP32, so the ratio itself moves), and no
+    plan in it ran more than 25 % above its own lower quartile of rounds (a spell that slowed one plan alone).
+    None: no pace is checked."""
     settle_s: float = Field(5.0, ge=0)
     """Seconds the trial process times before it trusts its fastest reference round as the machine's quiet pace;
     the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long."""

@@ -7,11 +7,12 @@ finalists; the plans ``autotune evaluate`` compares).
 Only rounds in which every runner ran at its own quiet pace count, and the rule treats every runner alike. Two
 things slow a round: another process on the cores (the timed threads wait for a core: ``autotune.interference``
 reads that wait from the scheduler) and a slow spell of a shared VM's host (the runs are slower though nothing here
-waited). A round counts when this process's threads waited for a core at most ``busy_wait`` of its time, and when
-every runner's median lies within ``quiet_band`` of that runner's fastest counted round (the reference's also of the
-fastest this process has timed, ``ReferencePace``). A rule that looked at the reference alone kept rounds in which
-the reference happened to be fast and a candidate did not, and read FP32 against itself at 0.50x beside a busy
-process. The assumption is that interference only adds time, so each runner's fastest rounds are its quiet ones;
+waited). A round counts when this process's threads waited for a core at most ``busy_wait`` of its time, when
+the reference ran within ``quiet_band`` of the fastest reference round this process has timed (``ReferencePace``),
+and when no plan ran more than ``OUTLIER_BAND`` above its own lower quartile of rounds. A rule that looked at the
+reference alone kept rounds in which the reference happened to be fast and a candidate did not, and read FP32
+against itself at 0.50x beside a busy process. The assumption is that interference only adds time, so each
+runner's fastest rounds are its quiet ones;
 the measurement goes on until ``rounds`` rounds count. At its limit it steps off the cores for a random while and
 times on; when its patience is spent it times each runner by its own fastest runs over all its rounds, and says
 that the machine was too busy (``Busy.quiet`` False).
@@ -37,9 +38,9 @@ class Protocol:
         warmup: Untimed runs after every switch between candidate and reference.
         repeats: Timed runs per round and side.
         rounds: Quiet rounds (reference, candidate) per measurement; with ``quiet_band`` None, rounds.
-        quiet_band: A round counts when every runner's median is within this fraction of that runner's fastest
-            counted round (the reference's: also of the fastest reference round of the process, ``ReferencePace``);
-            None: no runner's pace is checked.
+        quiet_band: A round counts when its reference median is within this fraction of the fastest reference
+            round of the process (``ReferencePace``) and no plan ran more than ``OUTLIER_BAND`` above its own lower
+            quartile of rounds; None: no pace is checked.
         settle_s: Wall seconds the process times before its fastest reference round is trusted as the machine's
             quiet pace: the first measurement of a process times at least this long.
         max_rounds: Rounds after which a measurement that has settled backs off, or stops, with fewer quiet rounds
@@ -70,6 +71,9 @@ class Protocol:
         """The rounds after which a settled measurement stops, quiet or not."""
         return max(self.rounds, self.max_rounds if self.max_rounds is not None else 4 * self.rounds)
 
+
+OUTLIER_BAND = 0.25
+"""How far above its own lower quartile of rounds a plan's round may run and still count (``_quiet_rounds``)."""
 
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
@@ -432,17 +436,23 @@ def _counted(
 
 
 def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, reference_fastest_ms: float) -> list[int]:
-    """The rounds among ``clear`` in which every runner ran within ``band`` of its own fastest of them.
+    """The rounds among ``clear`` in which the reference ran at its quiet pace and no plan ran far off its own.
 
-    The same rule for every runner, so the rounds it keeps are not chosen by one runner's luck: a rule that only
-    looked at the reference kept the rounds in which the reference was fast, candidates fast or not.
+    The reference within ``band`` of the fastest round the process has timed: a slow spell of a VM's host slows
+    every plan of a round, and INT8 more than FP32, so the reference's pace tells the spells apart. Every plan within
+    ``OUTLIER_BAND`` of its own lower quartile over the clear rounds: a spell that slowed one plan and not the
+    reference (another process's thread on that plan's core, seen or not by the scheduler's wait) leaves the round
+    out whichever plan it hit, so the rounds kept are not chosen by the reference's luck alone. The band is wide
+    enough for a plan's own round-to-round noise (an all-INT8 CNN's round medians spread 15 % on a quiet core), so
+    that many plans in one round still leave most rounds in.
     """
     if band is None or not clear:
         return clear
-    fastest = medians[:, clear].min(axis=1)
-    fastest[0] = min(fastest[0], reference_fastest_ms)
-    within = medians[:, clear] <= fastest[:, None] * (1.0 + band)
-    return [round_index for round_index, ok in zip(clear, within.all(axis=0), strict=True) if ok]
+    fastest = min(float(medians[0, clear].min()), reference_fastest_ms)
+    reference_ok = medians[0, clear] <= fastest * (1.0 + band)
+    quartiles = np.percentile(medians[1:, clear], 25, axis=1, keepdims=True)
+    plans_ok = (medians[1:, clear] <= quartiles * (1.0 + OUTLIER_BAND)).all(axis=0)
+    return [round_index for round_index, ok in zip(clear, reference_ok & plans_ok, strict=True) if ok]
 
 
 def compare_rounds(candidate: Sequence[float], baseline: Sequence[float]) -> tuple[float, int] | None:
