@@ -157,6 +157,11 @@ class Busy:
             if self.waited is not None
             else "Linux's accounting could not be read"
         )
+        if not self.quiet and self.contended * 2 < self.rounds:  # no other process to blame: the pace moved
+            return (
+                f"no quiet rounds: the plans' pace moved from round to round ({what}); each plan was timed by its "
+                "fastest runs, a less certain figure"
+            )
         if not self.quiet:
             return (
                 f"the machine was too busy to measure ({what}); each plan was timed by its fastest runs, "

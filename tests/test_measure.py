@@ -327,7 +327,7 @@ def test_a_measurement_all_in_a_spell_stops_at_its_round_limit_on_each_runners_f
     latency = interleaved(lambda: 1.0, reference, protocol, self_timed=True, pace=pace)
     assert calls["count"] == 6  # no round within 5 % of 2.0 ms: stopped at max_rounds
     assert latency.round_speedups == pytest.approx((2.5, 2.6))  # each runner by its own two fastest rounds
-    assert not latency.busy.quiet and "too busy to measure" in latency.busy.describe()
+    assert not latency.busy.quiet and latency.busy.describe().startswith("no quiet rounds")  # a spell, no process
     assert Protocol(rounds=3).round_limit == 12
 
 
@@ -496,3 +496,12 @@ def test_where_no_round_is_quiet_each_runner_is_timed_by_its_own_fastest_runs():
     assert latency.busy.rounds == 20 and not latency.busy.quiet
     assert latency.speedup == pytest.approx(1.0) and latency.round_speedups == pytest.approx((1.0, 1.0, 1.0))
     assert latency.median_ms == pytest.approx(2.0) and latency.reference_median_ms == pytest.approx(2.0)
+
+
+def test_a_measurement_without_quiet_rounds_and_without_other_processes_blames_the_pace_not_the_machine():
+    from autotune.measure import Busy
+
+    unsteady = Busy(rounds=96, counted=4, contended=2, others=0.0, waited=0.0, cpus="0-1", quiet=False)
+    assert unsteady.describe().startswith("no quiet rounds: the plans' pace moved from round to round")
+    busy = Busy(rounds=96, counted=4, contended=90, others=0.4, waited=0.8, cpus="0-1", quiet=False)
+    assert busy.describe().startswith("the machine was too busy to measure")

@@ -182,8 +182,8 @@ def summary_fields(store: TrialStore) -> dict[str, Any]:
     busy = {"search": busy_counts(list(store.trials())), "confirmation": busy_counts(confirmed)}
     if busy["confirmation"]["too_busy"]:
         lines.append(
-            f"the machine was too busy to measure {busy['confirmation']['too_busy']} of "
-            f"{busy['confirmation']['timed']} confirmations: their ratios are not to be trusted"
+            f"no quiet rounds for {busy['confirmation']['too_busy']} of {busy['confirmation']['timed']} "
+            "confirmations (the machine was busy, or its pace unsteady): their ratios are less certain"
         )
     elif busy["search"]["shared"] or busy["confirmation"]["shared"]:
         lines.append(

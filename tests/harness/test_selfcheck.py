@@ -161,4 +161,4 @@ def test_the_summary_counts_the_trials_and_confirmations_other_work_got_in_the_w
         }
         assert "the machine was shared: other work slowed 1 of 1 trials" in fields["timing_note"]
         store.put_confirmation(dataclasses.replace(_result(INT8, [1.2]), busy=BUSY))
-        assert "too busy to measure 1 of 2 confirmations" in summary_fields(store)["timing_note"]
+        assert "no quiet rounds for 1 of 2 confirmations" in summary_fields(store)["timing_note"]
