@@ -315,8 +315,9 @@ class MeasureConfig(_Strict):
     most this fraction of its wall time: another busy process on the cores slows plans unequally, so such rounds
     are timed again. None: the wait is not checked (``autotune.interference``)."""
     busy_patience_s: float = Field(5.0, ge=0)
-    """Seconds a measurement that found no quiet rounds may wait off the cores (random back-offs of up to 2 s, each
-    followed by more rounds) before it times each plan by its own fastest runs and says the machine was too busy."""
+    """Seconds a measurement that found no quiet rounds while another process held the cores may wait off them
+    (random back-offs of up to 2 s, each followed by more rounds) before it times each plan by its own fastest runs
+    and says the machine was too busy. Without such a process it does not wait."""
 
 
 class BudgetConfig(_Strict):

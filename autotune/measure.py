@@ -47,8 +47,8 @@ class Protocol:
             than ``rounds`` (``busy_patience_s``); None: four times ``rounds``.
         busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
             scheduler) at most this fraction of its wall time; None: the wait is not checked.
-        busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds may
-            spend off the cores (a random back-off of up to ``BACK_OFF_S`` at a time, so two runs that time at once
+        busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds, and
+            saw its threads wait for a core, may spend off the cores (a random back-off of up to ``BACK_OFF_S`` at a time, so two runs that time at once
             fall out of step), timing ``round_limit`` rounds more after each; then it times each runner by its
             fastest runs and says the machine was too busy.
     """
@@ -356,8 +356,9 @@ def _rounds(
         counted = _counted(np.array(round_medians), _waits(readings), protocol, pace, limit)
         if counted is None:
             continue
-        if counted[1] or backed_off_s >= protocol.busy_patience_s:
-            break
+        contended = any(_contended(wait, protocol) for wait in _waits(readings))
+        if counted[1] or backed_off_s >= protocol.busy_patience_s or not contended:
+            break  # quiet; out of patience; or no other process to wait out (a noisy pace is no reason to wait)
         backed_off_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
