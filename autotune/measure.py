@@ -48,9 +48,9 @@ class Protocol:
         busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
             scheduler) at most this fraction of its wall time; None: the wait is not checked.
         busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds, and
-            saw its threads wait for a core, may spend off the cores (a random back-off of up to ``BACK_OFF_S`` at a time, so two runs that time at once
-            fall out of step), timing ``round_limit`` rounds more after each; then it times each runner by its
-            fastest runs and says the machine was too busy.
+            saw its threads wait for a core, may spend off the cores (a random back-off of up to ``BACK_OFF_S`` at
+            a time, so two runs that time at once fall out of step), timing ``round_limit`` rounds more after each;
+            then it times each runner by its fastest runs and says the machine was too busy.
     """
 
     warmup: int = 2
