@@ -117,6 +117,7 @@ def test_speedup_property():
 
 def test_protocol_to_dict_and_defaults():
     defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1, "busy_patience_s": 5.0}
+    defaults["min_sample_ms"] = 0.0
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
@@ -505,3 +506,47 @@ def test_a_measurement_without_quiet_rounds_and_without_other_processes_blames_t
     assert unsteady.describe().startswith("no quiet rounds: the plans' pace moved from round to round")
     busy = Busy(rounds=96, counted=4, contended=90, others=0.4, waited=0.8, cpus="0-1", quiet=False)
     assert busy.describe().startswith("the machine was too busy to measure")
+
+
+def _switch_sensitive(base_ms: float, cold_ms: float, time: FakeTime, switches: list[str], name: str):
+    """A self-timed sub-millisecond runner whose first runs after another runner ran cost ``cold_ms`` more.
+
+    Its caches were the other runner's: the penalty halves with every run back to back (as a small model's
+    weights come back into cache), so a protocol of two runs a side times mostly the cold ones.
+    """
+    state = {"since_switch": 0}
+
+    def run() -> float:
+        if switches and switches[-1] != name:
+            state["since_switch"] = 0
+        switches.append(name)
+        ms = base_ms + cold_ms * 0.5 ** state["since_switch"]
+        state["since_switch"] += 1
+        time.now += ms / 1e3
+        return ms
+
+    return run
+
+
+def _sub_ms_speedup(protocol: Protocol) -> float:
+    time, switches = FakeTime(), []
+    reference = _switch_sensitive(0.20, 0.05, time, switches, "ref")
+    candidate = _switch_sensitive(0.08, 0.30, time, switches, "cand")  # smaller engine, colder after a switch
+    return interleaved(candidate, reference, protocol, clock=time.clock, self_timed=True).speedup
+
+
+def test_runs_per_sample_make_a_sample_last_min_sample_ms():
+    time, log = FakeTime(), []
+    run = _runner("fast", time, log, [0.0001] * 1000)  # 0.1 ms a run
+    protocol = Protocol(warmup=1, repeats=3, rounds=1, min_sample_ms=1.0, **EVERY_ROUND)
+    interleaved(run, _runner("ref", time, [], [0.002] * 100), protocol, clock=time.clock)
+    assert len(log) == 1 + 3 * 10  # the warm-up run sized the samples: 3 samples of 10 runs
+
+
+def test_a_sub_millisecond_models_search_and_confirmation_agree_once_samples_are_autoranged():
+    search = Protocol(warmup=1, repeats=2, rounds=4, **EVERY_ROUND)  # configs/minilm-cpu.yaml's search protocol
+    confirmation = Protocol(warmup=2, repeats=10, rounds=8, **EVERY_ROUND)  # the confirmation's
+    apart = _sub_ms_speedup(search) / _sub_ms_speedup(confirmation)
+    assert abs(apart - 1) > 0.2  # one run a sample: the short protocol times the cold runs after a switch
+    sized = [replace(protocol, min_sample_ms=1.0) for protocol in (search, confirmation)]
+    assert _sub_ms_speedup(sized[0]) == pytest.approx(_sub_ms_speedup(sized[1]), rel=0.05)
