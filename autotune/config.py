@@ -319,9 +319,10 @@ class MeasureConfig(_Strict):
     sample (the count set from one run, as ``timeit`` autoranges) and the sample is their mean, so a
     sub-millisecond model is timed over more than the timer's and the scheduler's jitter. 0: one run a sample."""
     busy_patience_s: float = Field(5.0, ge=0)
-    """Seconds a measurement that found no quiet rounds while another process held the cores may wait off them
-    (random back-offs of up to 2 s, each followed by more rounds) before it times each plan by its own fastest runs
-    and says the machine was too busy. Without such a process it does not wait."""
+    """Seconds a measurement that found no quiet rounds while another process held the cores may spend past its
+    round limit, waiting off the cores (random back-offs of up to 2 s) and timing more rounds after each, before it
+    times each plan by its own fastest runs and says the machine was too busy. Without such a process it does not
+    wait."""
 
 
 class BudgetConfig(_Strict):

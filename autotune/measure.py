@@ -48,9 +48,11 @@ class Protocol:
         busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
             scheduler) at most this fraction of its wall time; None: the wait is not checked.
         busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds, and
-            saw its threads wait for a core, may spend off the cores (a random back-off of up to ``BACK_OFF_S`` at
-            a time, so two runs that time at once fall out of step), timing ``round_limit`` rounds more after each;
-            then it times each runner by its fastest runs and says the machine was too busy.
+            saw its threads wait for a core, may spend past that limit: off the cores (a random back-off of up to
+            ``BACK_OFF_S`` at a time, so two runs that time at once fall out of step) and timing up to
+            ``round_limit`` rounds more after each; then it times each runner by its fastest runs and says the
+            machine was too busy. The rounds count against it too: a model whose rounds take seconds on a busy
+            machine would otherwise time six times its limit.
         min_sample_ms: A timed sample lasts at least this long: a runner faster than that runs several times back
             to back per sample, the count set from its fastest runs (as ``timeit`` autoranges), and the sample is
             their mean; its warm-up runs are whole samples. A sub-millisecond model's single runs are mostly the
@@ -375,7 +377,7 @@ def _rounds(
     round_medians: list[list[float]] = [[] for _ in runners]
     readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
     first = last = sampler.snapshot()
-    limit, backed_off_s = protocol.round_limit, 0.0
+    limit, waited_out_s = protocol.round_limit, 0.0  # patience spent: back-offs and the rounds timed after them
     while True:
         started = pace.clock()
         for runner in order(len(readings)):
@@ -384,14 +386,17 @@ def _rounds(
         now = sampler.snapshot()
         readings.append(sampler.reading(last, now))
         last = now
-        pace.add(round_medians[0][-1], pace.clock() - started)
+        round_s = pace.clock() - started
+        pace.add(round_medians[0][-1], round_s)
+        if len(readings) > protocol.round_limit:
+            waited_out_s += round_s
         counted = _counted(np.array(round_medians), _waits(readings), protocol, pace, limit)
         if counted is None:
             continue
         contended = any(_contended(wait, protocol) for wait in _waits(readings))
-        if counted[1] or backed_off_s >= protocol.busy_patience_s or not contended:
+        if counted[1] or waited_out_s >= protocol.busy_patience_s or not contended:
             break  # quiet; out of patience; or no other process to wait out (a noisy pace is no reason to wait)
-        backed_off_s += sampler.back_off(BACK_OFF_S)
+        waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
     rows, quiet = counted

@@ -467,6 +467,24 @@ def test_busy_figures_of_several_measurements_merge_weighted_by_rounds():
     assert Busy.merged([None]) is None
 
 
+def test_rounds_that_take_seconds_spend_the_patience_as_the_back_offs_do():
+    from autotune.measure import ReferencePace
+
+    # A model whose rounds take 3 s on a busy machine: past the limit of 2 rounds it backs off once (2 s), times
+    # two rounds more (6 s), and its 5 s of patience are spent; counting the back-offs alone, it timed 8 rounds.
+    now = [0.0]
+
+    def reference() -> float:
+        now[0] += 3.0
+        return 2.0
+
+    sampler = ScriptedSampler(lambda k: 0.6)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=2, busy_patience_s=5.0)
+    pace = ReferencePace(clock=lambda: now[0])
+    latency = interleaved(lambda: 1.0, reference, protocol, self_timed=True, pace=pace, sampler=sampler)
+    assert sampler.backed_off == [2.0] and latency.busy.rounds == 4 and not latency.busy.quiet
+
+
 def test_a_measurement_that_backed_off_counts_the_quiet_rounds_after_it():
     # The other process holds the cores for the first eight rounds, then leaves while this one waits off the cores.
     sampler = ScriptedSampler(lambda k: 0.6 if k < 8 else 0.0)
