@@ -71,6 +71,11 @@ class Backend(ABC):
     profiles: ClassVar[bool] = False
     """True where ``profile`` times each layer; False spares the run's analysis loading data for it."""
 
+    searching_references: ClassVar[tuple[str, ...]] = ()
+    """One-liners whose build is a search of its own (NNCF's accuracy control quantizes, scores and reverts layer
+    groups until the drop fits): minutes where a trial's build takes seconds. A run bounded by ``budget.minutes``
+    leaves them out unless ``confirm.references`` names them."""
+
     @abstractmethod
     def capabilities(self) -> Capabilities:
         """Precisions per op type and knobs, read from the installed runtime and device."""
