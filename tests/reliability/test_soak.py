@@ -17,7 +17,17 @@ import pytest
 
 from autotune.store import TrialStore
 from tests.reliability import faults
-from tests.reliability.helpers import children, env, fast_config, fd_count, rss_kb, start, trial_count, write_config
+from tests.reliability.helpers import (
+    children,
+    env,
+    fast_config,
+    fd_count,
+    measure_counts,
+    rss_kb,
+    start,
+    trial_count,
+    write_config,
+)
 
 SOAK_TRIALS = int(os.environ.get("AUTOTUNE_SOAK_TRIALS", "60"))
 RSS_GROWTH_MB = 50
@@ -110,7 +120,7 @@ def soak(root: Path, trials: int, faults_folder: Path | None = None, interval_s:
     result.returncode = process.returncode
     assert result.returncode == 0, result.stderr
     with TrialStore(store) as opened:
-        assert len(opened) == trials and set(opened.measure_counts().values()) == {1}
+        assert len(opened) == trials and set(measure_counts(opened).values()) == {1}
     return result
 
 
