@@ -433,80 +433,101 @@ def build_layer_table(
     Returns:
         The layers in graph order.
     """
-    graph = model.graph
-    index = GraphIndex(graph)
-    initializers = index.initializers
-    shapes = _known_shapes(model)
-    depths = _depths(graph)
+    walk = _TableWalk(model, weight_sources or {})
     reasons: dict[str, str] = {}
-    int8_tensors: set[str] = set()  # outputs of layers that a backend can keep INT8 for their readers
-
     layers: list[Layer] = []
-    for position, node in enumerate(graph.node):
-        if node.op_type in WEIGHTED_OP_TYPES:
-            weight_index = weight_slot(node, index, include_activation_matmuls)
-        elif node.op_type in WEIGHTLESS_OP_TYPES:
-            weight_index = _weightless_reason(node, index, int8_tensors)
-        else:
-            reason = _float_reason(node, position, index, int8_tensors)
-            if reason is not None:
-                reasons[node.name] = reason
+    for position, node in enumerate(model.graph.node):
+        slot = _slot_or_reason(node, position, walk, include_activation_matmuls)
+        if isinstance(slot, str):
+            if slot:
+                reasons[node.name] = slot
             continue
-        if isinstance(weight_index, Rejection):
-            reasons[node.name] = weight_index.detail
-            continue
-        if isinstance(weight_index, str):
-            if weight_index:
-                reasons[node.name] = weight_index
-            continue
-        if node.op_type in WEIGHTED_OP_TYPES:
+        layers.append(walk.layer(node, position, slot, len(layers)))
+    if float_ops is not None:
+        float_ops.update(reasons)
+    return layers
+
+
+def _slot_or_reason(
+    node: onnx.NodeProto, position: int, walk: _TableWalk, include_activation_matmuls: bool
+) -> int | None | str:
+    """A layer's weight input slot (None: it has no weight), or why the node is no layer ("": nothing to list)."""
+    if node.op_type in WEIGHTED_OP_TYPES:
+        slot = weight_slot(node, walk.index, include_activation_matmuls)
+        return slot.detail if isinstance(slot, Rejection) else slot
+    if node.op_type in WEIGHTLESS_OP_TYPES:
+        return _weightless_reason(node, walk.index, walk.int8_tensors)
+    return _float_reason(node, position, walk.index, walk.int8_tensors) or ""
+
+
+class _TableWalk:
+    """What the walk over a graph in node order knows while it builds the layer table.
+
+    Attributes:
+        graph: The model's graph.
+        index: Producers, readers and initializers of the graph.
+        int8_tensors: Outputs of the layers met so far that a backend can keep INT8 for their readers.
+    """
+
+    def __init__(self, model: onnx.ModelProto, weight_sources: Mapping[str, str]):
+        self.graph = model.graph
+        self.index = GraphIndex(model.graph)
+        self.int8_tensors: set[str] = set()
+        self._shapes = _known_shapes(model)
+        self._depths = _depths(model.graph)
+        self._weight_sources = weight_sources
+
+    def layer(self, node: onnx.NodeProto, position: int, weight_index: int | None, number: int) -> Layer:
+        """The layer of ``node`` (the ``number``-th), with its features; marks its output INT8 where it can be."""
+        initializers = self.index.initializers
+        weighted = node.op_type in WEIGHTED_OP_TYPES
+        if weighted:
             data_inputs = list(node.input[:2])
-        else:
+        else:  # a weightless layer reads each distinct input once
             data_inputs, weight_index = list(dict.fromkeys(name for name in node.input if name)), None
         weight = data_inputs[weight_index] if weight_index is not None else None
         activations = tuple(name for i, name in enumerate(data_inputs) if i != weight_index)
-        bias = node.input[2] if len(node.input) > 2 and node.input[2] in initializers else None
-        bias = bias if node.op_type in WEIGHTED_OP_TYPES else None
+        has_bias = weighted and len(node.input) > 2 and node.input[2] in initializers
+        bias = node.input[2] if has_bias else None
         weight_shape = tuple(initializers[weight].dims) if weight else ()
-        in_shapes = [_shape_of(shapes, name) for name in activations]
-        out_shape = _shape_of(shapes, node.output[0])
+        in_shapes = [_shape_of(self._shapes, name) for name in activations]
+        out_shape = _shape_of(self._shapes, node.output[0])
         params = int(np.prod(weight_shape)) if weight else 0
         if bias:
             params += int(np.prod(initializers[bias].dims))
-        if node.op_type not in WEIGHTED_OP_TYPES:
+        if not weighted:
             macs = 0
         elif node.op_type == "MatMul" and weight is None:
             macs = _macs("MatMul", (), out_shape, in_shapes)
         else:
             macs = _macs(node.op_type, weight_shape, out_shape, in_shapes)
-        pads = [index.exclusive_pad(name, position) for name in activations]
-        covered = [graph.node[i].name for i in pads if i is not None] + [node.name]
-        if node.op_type in INT8_OUTPUT_OP_TYPES:
-            int8_tensors.add(index.unit_output(position))
-            activation = index.folded_activation(node.output[0])
-            covered += [graph.node[activation].name] if activation is not None else []
-        layers.append(
-            Layer(
-                name=node.name,
-                op_type=node.op_type,
-                index=len(layers),
-                activation_inputs=activations,
-                weight=weight,
-                weight_axis=_weight_axis(node.op_type, node, weight_index) if weight else None,
-                bias=bias,
-                output=node.output[0],
-                input_shapes=tuple(in_shapes),
-                output_shape=out_shape,
-                macs=macs,
-                params=params,
-                depth=depths[node.name],
-                nodes=tuple(covered),
-                weight_source=(weight_sources or {}).get(weight, INITIALIZER) if weight else None,
-            )
+        return Layer(
+            name=node.name,
+            op_type=node.op_type,
+            index=number,
+            activation_inputs=activations,
+            weight=weight,
+            weight_axis=_weight_axis(node.op_type, node, weight_index) if weight else None,
+            bias=bias,
+            output=node.output[0],
+            input_shapes=tuple(in_shapes),
+            output_shape=out_shape,
+            macs=macs,
+            params=params,
+            depth=self._depths[node.name],
+            nodes=self._covered(node, position, activations),
+            weight_source=self._weight_sources.get(weight, INITIALIZER) if weight else None,
         )
-    if float_ops is not None:
-        float_ops.update(reasons)
-    return layers
+
+    def _covered(self, node: onnx.NodeProto, position: int, activations: Sequence[str]) -> tuple[str, ...]:
+        """The nodes a layer covers: the zero Pads only it reads, itself, and the activation folded into it."""
+        pads = [self.index.exclusive_pad(name, position) for name in activations]
+        covered = [self.graph.node[i].name for i in pads if i is not None] + [node.name]
+        if node.op_type in INT8_OUTPUT_OP_TYPES:
+            self.int8_tensors.add(self.index.unit_output(position))
+            activation = self.index.folded_activation(node.output[0])
+            covered += [self.graph.node[activation].name] if activation is not None else []
+        return tuple(covered)
 
 
 def prepare_model(

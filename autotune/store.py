@@ -9,6 +9,7 @@ from pathlib import Path
 
 from autotune.trial import TrialResult
 
+# ``measured`` counts the writes of a plan: above 1, it was measured twice (the tests read it to check none is).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS trials (
     plan_hash TEXT PRIMARY KEY,
@@ -149,10 +150,6 @@ class TrialStore:
 
     def __contains__(self, plan_hash: str) -> bool:
         return self._db.execute("SELECT 1 FROM trials WHERE plan_hash = ?", (plan_hash,)).fetchone() is not None
-
-    def measure_counts(self) -> dict[str, int]:
-        """How many times each plan was written; more than 1 means it was measured twice."""
-        return dict(self._db.execute("SELECT plan_hash, measured FROM trials").fetchall())
 
     def trials(self) -> Iterator[TrialResult]:
         """Every trial in the order it was first measured."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,21 +114,7 @@ def constant_weight_twins(batch: int = 2, seed: int = 0) -> tuple[onnx.ModelProt
     Returns:
         ``(with_constants, with_initializers)``, input ``x`` of shape ``[batch, 3, 8, 8]``, output ``y``.
     """
-    rng = np.random.default_rng(seed)
-    conv_w = (rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32)
-    conv_b = (rng.standard_normal(4) * 0.1).astype(np.float32)
-    fc_w = (rng.standard_normal((16, 256)) / 16).astype(np.float32)  # [out, in], as a Linear stores it
-    fc_b = (rng.standard_normal(16) * 0.1).astype(np.float32)
-    head_w = (rng.standard_normal((10, 16)) / 4).astype(np.float16)
-    head_b = np.zeros(10, np.float32)
-    flat_shape = np.array([batch, 256], np.int64)
-
-    def const(name: str, **value: Any) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [name], name=f"{name}.const", **value)
-
-    def tensor(array: np.ndarray, name: str) -> onnx.TensorProto:
-        return numpy_helper.from_array(array, name)
-
+    weights = _TwinWeights.draw(batch, seed)
     layers = [
         helper.make_node("Conv", ["x", "conv.w", "conv.b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
@@ -136,43 +123,82 @@ def constant_weight_twins(batch: int = 2, seed: int = 0) -> tuple[onnx.ModelProt
         helper.make_node("Add", ["h", "fc.b"], ["hb"], name="fc_bias"),
         helper.make_node("Gemm", ["hb", "head.w", "head.b"], ["y"], name="head", transB=1),
     ]
-    constants = [
-        const("conv.w", value=tensor(conv_w, "conv.w")),
-        const("conv.b", value_floats=conv_b.tolist()),
-        const("flat_shape", value_ints=flat_shape.tolist()),
-        const("fc.w", value=tensor(fc_w, "fc.w")),
-        helper.make_node("Transpose", ["fc.w"], ["fc.wt"], name="fc.transpose", perm=[1, 0]),
-        const("fc.b", value=tensor(fc_b, "fc.b")),
-        const("head.w16", value=tensor(head_w.reshape(-1), "head.w16")),
-        helper.make_node("Cast", ["head.w16"], ["head.w32"], name="head.cast", to=TensorProto.FLOAT),
-        const("head.shape", value_ints=[10, 16]),
-        helper.make_node("Reshape", ["head.w32", "head.shape"], ["head.w"], name="head.reshape"),
-        const("head.b", value=tensor(head_b, "head.b")),
-    ]
-    initializers = [
-        tensor(conv_w, "conv.w"),
-        tensor(np.array(conv_b.tolist(), np.float32), "conv.b"),
-        tensor(flat_shape, "flat_shape"),
-        tensor(np.ascontiguousarray(fc_w.T), "fc.wt"),
-        tensor(fc_b, "fc.b"),
-        tensor(head_w.astype(np.float32), "head.w"),
-        tensor(head_b, "head.b"),
-    ]
+    with_constants = _twin_model([*weights.constant_chains(), *layers], [], batch)
+    return with_constants, _twin_model(layers, weights.initializers(), batch)
 
-    def model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
-        graph = helper.make_graph(
-            nodes,
-            "twin",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
-            inits,
+
+@dataclass(frozen=True)
+class _TwinWeights:
+    """The weights :func:`constant_weight_twins` writes twice; ``fc_w`` is ``[out, in]``, as a Linear stores it."""
+
+    conv_w: np.ndarray
+    conv_b: np.ndarray
+    fc_w: np.ndarray
+    fc_b: np.ndarray
+    head_w: np.ndarray  # float16: the Constant chain casts it to float
+    head_b: np.ndarray
+    flat_shape: np.ndarray
+
+    @classmethod
+    def draw(cls, batch: int, seed: int) -> _TwinWeights:
+        """Seeded random weights for a batch of ``batch`` (the flatten's target shape)."""
+        rng = np.random.default_rng(seed)
+        return cls(
+            conv_w=(rng.standard_normal((4, 3, 3, 3)) * 0.3).astype(np.float32),
+            conv_b=(rng.standard_normal(4) * 0.1).astype(np.float32),
+            fc_w=(rng.standard_normal((16, 256)) / 16).astype(np.float32),
+            fc_b=(rng.standard_normal(16) * 0.1).astype(np.float32),
+            head_w=(rng.standard_normal((10, 16)) / 4).astype(np.float16),
+            head_b=np.zeros(10, np.float32),
+            flat_shape=np.array([batch, 256], np.int64),
         )
-        built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        built.ir_version = 8
-        onnx.checker.check_model(built)
-        return built
 
-    return model([*constants, *layers], []), model(layers, initializers)
+    def constant_chains(self) -> list[onnx.NodeProto]:
+        """Every weight as the nodes that compute it from Constants, as exporters without initializers write it."""
+
+        def const(name: str, **value: Any) -> onnx.NodeProto:
+            return helper.make_node("Constant", [], [name], name=f"{name}.const", **value)
+
+        return [
+            const("conv.w", value=numpy_helper.from_array(self.conv_w, "conv.w")),
+            const("conv.b", value_floats=self.conv_b.tolist()),
+            const("flat_shape", value_ints=self.flat_shape.tolist()),
+            const("fc.w", value=numpy_helper.from_array(self.fc_w, "fc.w")),
+            helper.make_node("Transpose", ["fc.w"], ["fc.wt"], name="fc.transpose", perm=[1, 0]),
+            const("fc.b", value=numpy_helper.from_array(self.fc_b, "fc.b")),
+            const("head.w16", value=numpy_helper.from_array(self.head_w.reshape(-1), "head.w16")),
+            helper.make_node("Cast", ["head.w16"], ["head.w32"], name="head.cast", to=TensorProto.FLOAT),
+            const("head.shape", value_ints=[10, 16]),
+            helper.make_node("Reshape", ["head.w32", "head.shape"], ["head.w"], name="head.reshape"),
+            const("head.b", value=numpy_helper.from_array(self.head_b, "head.b")),
+        ]
+
+    def initializers(self) -> list[onnx.TensorProto]:
+        """The same values as initializers named as the chains' outputs (the head's weight rounded to FP16)."""
+        return [
+            numpy_helper.from_array(self.conv_w, "conv.w"),
+            numpy_helper.from_array(np.array(self.conv_b.tolist(), np.float32), "conv.b"),
+            numpy_helper.from_array(self.flat_shape, "flat_shape"),
+            numpy_helper.from_array(np.ascontiguousarray(self.fc_w.T), "fc.wt"),
+            numpy_helper.from_array(self.fc_b, "fc.b"),
+            numpy_helper.from_array(self.head_w.astype(np.float32), "head.w"),
+            numpy_helper.from_array(self.head_b, "head.b"),
+        ]
+
+
+def _twin_model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], batch: int) -> onnx.ModelProto:
+    """One of the twins: ``nodes`` and ``inits`` between input ``x`` [batch, 3, 8, 8] and output ``y`` [batch, 10]."""
+    graph = helper.make_graph(
+        nodes,
+        "twin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    built.ir_version = 8
+    onnx.checker.check_model(built)
+    return built
 
 
 def _forward(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -181,22 +182,87 @@ def test_the_cli_offers_the_strategies_and_precisions_the_api_takes():
     assert all(precision in plan_help for precision in PRECISIONS)
 
 
-def _long_functions(path: Path, most: int) -> list[str]:
-    """The functions of a file whose body (docstring included) runs over ``most`` lines."""
-    tree = ast.parse(path.read_text())
-    return [
-        f"{node.name}: {node.end_lineno - node.body[0].lineno + 1} lines"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.body[0].lineno + 1 > most
-    ]
+MOST_LINES = 60
+"""The longest a function may be, from its ``def`` line to its last line (docstring and nested code included)."""
+
+MOST_PARAMETERS = 8
+"""The most parameters a function may take, ``self`` and ``cls`` not counted (``*args`` and ``**kwargs`` are)."""
+
+REWORKED = "being reworked in #53 (loop/timing)"
+
+OVER_THE_RULE: dict[str, str] = {
+    "autotune/agent.py:run_agent": REWORKED,
+    "autotune/agent.py:train": REWORKED,
+    "autotune/harness/runner.py:TrialRunner.__init__": REWORKED,
+    "autotune/harness/runner.py:TrialRunner.run_side_by_side": REWORKED,
+    "autotune/measure.py:_rounds": REWORKED,
+    "autotune/tune.py:_search_and_confirm": REWORKED,
+    "autotune/tune.py:tune": REWORKED,
+}
+"""``path:qualified name`` -> why that function may break the rule for now. The list only shrinks: an entry whose
+function keeps the rule (or is gone) fails the test until it is removed."""
 
 
-def test_the_agent_and_the_run_read_in_functions_of_at_most_60_lines():
-    assert _long_functions(ROOT / "autotune" / "agent.py", 60) == []
-    assert not [name for name in _long_functions(ROOT / "autotune" / "tune.py", 60) if name.startswith("tune:")]
+def _rule_breakers(source: str) -> dict[str, str]:
+    """The functions of a module's source over :data:`MOST_LINES` lines or :data:`MOST_PARAMETERS` parameters.
+
+    Returns:
+        Qualified name (``Class.method``; a nested function as ``outer.inner``) -> what is over the rule.
+    """
+    found: dict[str, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                visit(child, prefix)  # a def inside an if or a with keeps its parent's name
+                continue
+            name = prefix + child.name
+            if not isinstance(child, ast.ClassDef):
+                args = child.args
+                named = [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+                parameters = len(named) + (args.vararg is not None) + (args.kwarg is not None)
+                lines = child.end_lineno - child.lineno + 1
+                over = [f"{lines} lines"] if lines > MOST_LINES else []
+                over += [f"{parameters} parameters"] if parameters > MOST_PARAMETERS else []
+                if over:
+                    found[name] = ", ".join(over)
+            visit(child, name + ".")
+
+    visit(ast.parse(source), "")
+    return found
 
 
-def test_the_function_length_check_finds_a_long_function(tmp_path):
-    body = "\n".join(f"    x{i} = {i}" for i in range(61))
-    (tmp_path / "long.py").write_text(f"def long():\n{body}\n")
-    assert _long_functions(tmp_path / "long.py", 60) == ["long: 61 lines"]
+@functools.cache
+def _package_rule_breakers() -> dict[str, str]:
+    """``path:qualified name`` -> what is over the rule, for every function of the package and the env."""
+    return {
+        f"{path.relative_to(ROOT).as_posix()}:{name}": over
+        for path in sorted(_modules().values())
+        for name, over in _rule_breakers(path.read_text()).items()
+    }
+
+
+def test_every_function_within_60_lines_and_8_parameters():
+    new = {key: over for key, over in _package_rule_breakers().items() if key not in OVER_THE_RULE}
+    listed = "\n".join(f"  {key}: {over}" for key, over in sorted(new.items()))
+    assert not new, f"split these by concept into named helpers (or group parameters in a dataclass):\n{listed}"
+
+
+def test_the_functions_over_the_rule_only_get_fewer():
+    kept = sorted(set(OVER_THE_RULE) - set(_package_rule_breakers()))
+    assert not kept, "these keep the rule now (or are gone): remove them from OVER_THE_RULE: " + ", ".join(kept)
+
+
+def test_the_rule_check_finds_long_and_wide_functions_by_qualified_name():
+    body = "\n".join(f"        x{i} = {i}" for i in range(60))
+    source = (
+        f"class Box:\n    def long(self):\n{body}\n\n    def fits(self, a, b, c, d, e, f, g, h):\n        pass\n\n\n"
+        "def wide(a, b, c, d, e, f, g, *rest, **named):\n    def inner(cls, a, b, c, d, e, f, g, h, i):\n        pass\n"
+    )
+    assert _rule_breakers(source) == {
+        "Box.long": "61 lines",
+        "wide": "9 parameters",
+        "wide.inner": "9 parameters",
+    }
+    shorter = source.replace("        x58 = 58\n", "")
+    assert "Box.long" not in _rule_breakers(shorter)

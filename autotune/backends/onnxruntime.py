@@ -336,79 +336,25 @@ class OnnxRuntimeCPU(GraphBackend):
     def reference_graph(self, name: str, calibration: Sequence[Mapping[str, np.ndarray]]) -> onnx.ModelProto:
         """The model as ONNX Runtime's one-liner ``name`` quantizes it, restricted to the searched op types.
 
-        ``ort-static`` follows the x86 guidance of ``quantize_static``'s own docstring (ORT 1.32), not its bare
-        defaults: QDQ, uint8 activations and int8 weights per output channel, MinMax ranges over the run's
-        calibration batches, after ``quant_pre_process``. Each departure from the defaults is what makes the
-        one-liner fast or accurate on x86, measured on EfficientNet-Lite0 (batch 8, 2 cores, cosine of logits
-        to FP32 and speedup over FP32, all after pre-processing): the bare defaults (int8 activations, per-tensor
-        weights) give cosine 0.813 at 1.13x; per-channel int8 weights raise the cosine to 0.986 (depthwise
-        weights differ by channel), still at 1.13x with int8 activations and at 1.93x with uint8 ones (the x86
-        integer kernels take uint8 activations). ``reduce_range`` stays off, as ORT advises for CPUs with VNNI and
-        as a user runs the one-liner: on x86 without VNNI its U8S8 kernels then saturate (our lowering uses uint8
-        weights there, ``recipe``), and the one-liner's measured accuracy shows what that costs.
-
-        ``quant_pre_process`` (shape inference and ORT's basic graph optimizations) is what ORT's warning asks
-        for, and a PyTorch export needs it: without it the TF-style padding stays a float Pad between Q/DQ pairs
-        and the INT8 model runs at 0.98x instead of 1.95x. Its optimizations fuse MatMul+Add into Gemm, so Gemm
-        is quantized wherever MatMul is searched (the same layers). Relu and Clip (ReLU6) are quantized too:
-        ORT then folds them into the range of the output before them; left out, each Conv output is calibrated
-        over its pre-activation range (+-90 for a [0, 6] signal) and the cosine falls to 0.815.
-
-        ``ort-dynamic`` is ``quantize_dynamic`` (int8 weights, uint8 activations quantized at run time) on the
-        searched op types it supports (Conv, MatMul; it rewrites every Gemm as a MatMul first, so a searched Gemm
-        is a MatMul to it). It runs without pre-processing, which would not change it: it has no calibrated
-        ranges for Clip or Pad to spoil.
+        ``ort-static`` is ``quantize_static`` as its own docstring advises for x86 (:func:`_quantize_static`),
+        ``ort-dynamic`` is ``quantize_dynamic`` (:func:`_quantize_dynamic`).
 
         Raises:
             BuildError: The model has no searched layer (the one-liner would quantize every op type), or the
                 quantizer failed.
         """
-        from onnxruntime.quantization import (
-            CalibrationDataReader,
-            QuantFormat,
-            QuantType,
-            quantize_dynamic,
-            quantize_static,
-        )
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-
         searched = set(self.searched)
         op_types = sorted({layer.op_type for layer in self.model.layers if layer.name in searched})
         if not op_types:
             raise BuildError(f"{name}: no layer is searched, so there is no op type to quantize")
-
-        class Batches(CalibrationDataReader):
-            def __init__(self) -> None:
-                self._batches = iter(calibration)
-
-            def get_next(self) -> dict[str, np.ndarray] | None:
-                batch = next(self._batches, None)
-                return None if batch is None else dict(batch)
-
         with tempfile.TemporaryDirectory() as tmp, _quiet_quantizer():
             source, out = os.path.join(tmp, "model.onnx"), os.path.join(tmp, f"{name}.onnx")
             onnx.save(self.model.proto, source)
             try:
                 if name == "ort-static":
-                    prepared = os.path.join(tmp, "prepared.onnx")
-                    quant_pre_process(source, prepared)
-                    static_types = {*op_types, "Relu", "Clip", *(["Gemm"] if "MatMul" in op_types else [])}
-                    quantize_static(
-                        prepared,
-                        out,
-                        Batches(),
-                        quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=sorted(static_types),
-                        per_channel=True,
-                        reduce_range=False,
-                        activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8,
-                    )
+                    _quantize_static(source, out, op_types, calibration)
                 else:
-                    dynamic_types = {"MatMul" if op == "Gemm" else op for op in op_types}
-                    quantize_dynamic(
-                        source, out, op_types_to_quantize=sorted(dynamic_types), weight_type=QuantType.QInt8
-                    )
+                    _quantize_dynamic(source, out, op_types)
                 return onnx.load(out)
             except Exception as error:  # noqa: BLE001 - the quantizer raises anything; a failed one-liner is data
                 quantizer = "quantize_static" if name == "ort-static" else "quantize_dynamic"
@@ -479,3 +425,66 @@ def _quiet_quantizer() -> Iterator[None]:
     finally:
         logging.getLogger().removeFilter(advice)
         ort_logger.setLevel(level)
+
+
+def _quantize_static(
+    source: str, out: str, op_types: Sequence[str], calibration: Sequence[Mapping[str, np.ndarray]]
+) -> None:
+    """Writes ``ort-static``: ``quantize_static`` of the model at ``source`` on ``op_types``, to ``out``.
+
+    It follows the x86 guidance of ``quantize_static``'s own docstring (ORT 1.32), not its bare defaults: QDQ,
+    uint8 activations and int8 weights per output channel, MinMax ranges over the run's calibration batches,
+    after ``quant_pre_process``. Each departure from the defaults is what makes the one-liner fast or accurate on
+    x86, measured on EfficientNet-Lite0 (batch 8, 2 cores, cosine of logits to FP32 and speedup over FP32, all
+    after pre-processing): the bare defaults (int8 activations, per-tensor weights) give cosine 0.813 at 1.13x;
+    per-channel int8 weights raise the cosine to 0.986 (depthwise weights differ by channel), still at 1.13x with
+    int8 activations and at 1.93x with uint8 ones (the x86 integer kernels take uint8 activations).
+    ``reduce_range`` stays off, as ORT advises for CPUs with VNNI and as a user runs the one-liner: on x86 without
+    VNNI its U8S8 kernels then saturate (our lowering uses uint8 weights there, ``recipe``), and the one-liner's
+    measured accuracy shows what that costs.
+
+    ``quant_pre_process`` (shape inference and ORT's basic graph optimizations) is what ORT's warning asks for,
+    and a PyTorch export needs it: without it the TF-style padding stays a float Pad between Q/DQ pairs and the
+    INT8 model runs at 0.98x instead of 1.95x. Its optimizations fuse MatMul+Add into Gemm, so Gemm is quantized
+    wherever MatMul is searched (the same layers). Relu and Clip (ReLU6) are quantized too: ORT then folds them
+    into the range of the output before them; left out, each Conv output is calibrated over its pre-activation
+    range (+-90 for a [0, 6] signal) and the cosine falls to 0.815.
+    """
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._batches = iter(calibration)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            batch = next(self._batches, None)
+            return None if batch is None else dict(batch)
+
+    prepared = os.path.join(os.path.dirname(out), "prepared.onnx")
+    quant_pre_process(source, prepared)
+    static_types = {*op_types, "Relu", "Clip", *(["Gemm"] if "MatMul" in op_types else [])}
+    quantize_static(
+        prepared,
+        out,
+        Batches(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=sorted(static_types),
+        per_channel=True,
+        reduce_range=False,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+
+
+def _quantize_dynamic(source: str, out: str, op_types: Sequence[str]) -> None:
+    """Writes ``ort-dynamic``: ``quantize_dynamic`` of the model at ``source`` on ``op_types``, to ``out``.
+
+    That is int8 weights, uint8 activations quantized at run time, on the searched op types it supports (Conv,
+    MatMul; it rewrites every Gemm as a MatMul first, so a searched Gemm is a MatMul to it). It runs without
+    pre-processing, which would not change it: it has no calibrated ranges for Clip or Pad to spoil.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    dynamic_types = {"MatMul" if op == "Gemm" else op for op in op_types}
+    quantize_dynamic(source, out, op_types_to_quantize=sorted(dynamic_types), weight_type=QuantType.QInt8)

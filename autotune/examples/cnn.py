@@ -184,10 +184,11 @@ def _load_layer(module: torch.nn.Module, node: onnx.NodeProto, arrays: list[np.n
 def build_module(onnx_path: str | Path = MODEL_PATH) -> torch.nn.Module:
     """The shipped CNN as a PyTorch module in eval mode, with the weights of ``cnn.onnx``.
 
-    ``train_cnn.RawDigitNet`` with its BatchNorms folded into the Convs as the ONNX export did (constant
-    folding): Conv2d with bias, then ReLU. Module paths are RawDigitNet's, so an ONNX export of this module names
-    its layers as ``cnn.onnx`` does (``/stem/conv/Conv`` ... ``/fc2/Gemm``). The weights are taken from the Conv
-    and Gemm nodes in graph order, and every node's type, attributes and weight shapes are checked first.
+    ``train_cnn.RawDigitNet(folded=True)``: its BatchNorms folded into the Convs as the ONNX export did
+    (constant folding), Conv2d with bias, then ReLU. Module paths are RawDigitNet's, so an ONNX export of this
+    module names its layers as ``cnn.onnx`` does (``/stem/conv/Conv`` ... ``/fc2/Gemm``). The weights are taken
+    from the Conv and Gemm nodes in graph order, and every node's type, attributes and weight shapes are checked
+    first.
 
     Args:
         onnx_path: The ONNX file to take the weights from.
@@ -198,60 +199,28 @@ def build_module(onnx_path: str | Path = MODEL_PATH) -> torch.nn.Module:
     Raises:
         OnnxWeightError: The ONNX file's layers do not match the network (count, type, attributes or shapes).
     """
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class ConvReLU(nn.Module):
-        """Conv with the BatchNorm folded into its weight and bias, then ReLU."""
-
-        def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1):
-            super().__init__()
-            self.conv = nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=True)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            """Conv, ReLU."""
-            return F.relu(self.conv(x))
-
-    class FoldedDigitNet(nn.Module):
-        """RawDigitNet after BatchNorm folding: two convs, GroupNorm, seven Conv-ReLU layers, two Gemms."""
-
-        def __init__(self, groups: int, epsilon: float) -> None:
-            super().__init__()
-            self.stem = ConvReLU(1, 16)
-            self.expand = nn.Conv2d(16, 32, 3, 1, 1, bias=False)  # no BatchNorm after it, so nothing folded in
-            self.norm = nn.GroupNorm(groups, 32, eps=epsilon)
-            self.block1 = ConvReLU(32, 32)
-            self.down1 = ConvReLU(32, 64, stride=2)
-            self.block2 = ConvReLU(64, 64)
-            self.depthwise2 = ConvReLU(64, 64, groups=64)
-            self.pointwise2 = ConvReLU(64, 64, kernel=1)
-            self.down2 = ConvReLU(64, 96, stride=2)
-            self.pointwise3 = ConvReLU(96, 96, kernel=1)
-            self.fc1 = nn.Linear(96, 64)
-            self.fc2 = nn.Linear(64, 10)
-
-        def forward(self, image: torch.Tensor) -> torch.Tensor:
-            """Raw counts [N, 1, 16, 16] to logits [N, 10]."""
-            x = F.relu(self.norm(self.expand(self.stem(image))))
-            for layer in (self.block1, self.down1, self.block2, self.depthwise2, self.pointwise2, self.down2):
-                x = layer(x)
-            x = self.pointwise3(x).mean(dim=(2, 3))
-            return self.fc2(F.relu(self.fc1(x)))
+    from autotune.examples.train_cnn import RawDigitNet
 
     path = Path(onnx_path)
     layers, group_norm = _onnx_weights(path)
-    net = FoldedDigitNet(group_norm["groups"], group_norm["epsilon"])
+    net = RawDigitNet(folded=True, groups=group_norm["groups"], epsilon=group_norm["epsilon"])
     if len(layers) != len(LAYER_PATHS):
         names = [node.name for node, _ in layers]
         raise OnnxWeightError(f"{path}: {len(layers)} Conv/Gemm nodes {names}, the network has {len(LAYER_PATHS)}")
     for module_path, (node, arrays) in zip(LAYER_PATHS, layers, strict=True):
         _load_layer(net.get_submodule(module_path), node, arrays, f"{path}, layer {module_path}")
+    _load_group_norm(net.norm, group_norm, path)
+    return net.eval()
+
+
+def _load_group_norm(norm: torch.nn.GroupNorm, group_norm: dict[str, Any], path: Path) -> None:
+    """Copies the ONNX GroupNorm's scale and bias into ``norm`` after checking their shapes."""
+    import torch
+
     for name in ("weight", "bias"):
-        target = getattr(net.norm, name)
+        target = getattr(norm, name)
         values = group_norm[name]
         if values.shape != tuple(target.shape):
             raise OnnxWeightError(f"{path}: GroupNorm {name} has shape {values.shape}, the module needs {target.shape}")
         with torch.no_grad():
             target.copy_(torch.tensor(values, dtype=torch.float32))
-    return net.eval()

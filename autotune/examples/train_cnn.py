@@ -152,33 +152,41 @@ def make_splits(pools: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, tu
 
 
 class ConvBNReLU(nn.Module):
-    """Conv (no bias), BatchNorm, ReLU."""
+    """Conv (no bias), BatchNorm, ReLU; or, ``folded``, Conv with bias then ReLU, as the ONNX export folds it.
 
-    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1):
+    Folded, ``bn`` is an identity that keeps the module paths (and so the exported node names) of the trained
+    network; the BatchNorm's scale and shift live in the conv's weight and bias.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1, folded: bool = False):
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False)
-        self.bn = nn.BatchNorm2d(cout)
+        self.conv = nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=folded)
+        self.bn = nn.Identity() if folded else nn.BatchNorm2d(cout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Conv, BatchNorm, ReLU."""
+        """Conv, BatchNorm (unless folded), ReLU."""
         return F.relu(self.bn(self.conv(x)))
 
 
 class RawDigitNet(nn.Module):
-    """Two convs on raw counts, a per-image GroupNorm, seven Conv-BN-ReLU layers, and two Gemms."""
+    """Two convs on raw counts, a per-image GroupNorm, seven Conv-BN-ReLU layers, and two Gemms.
 
-    def __init__(self) -> None:
+    Trained with its BatchNorms; ``folded`` builds it as ``cnn.onnx`` holds it (``autotune.examples.cnn``'s
+    ``build_module``), with the GroupNorm's ``groups`` and ``epsilon`` read from the ONNX file.
+    """
+
+    def __init__(self, folded: bool = False, groups: int = 4, epsilon: float = 1e-5) -> None:
         super().__init__()
-        self.stem = ConvBNReLU(1, 16)
-        self.expand = nn.Conv2d(16, 32, 3, 1, 1, bias=False)
-        self.norm = nn.GroupNorm(4, 32)
-        self.block1 = ConvBNReLU(32, 32)
-        self.down1 = ConvBNReLU(32, 64, stride=2)
-        self.block2 = ConvBNReLU(64, 64)
-        self.depthwise2 = ConvBNReLU(64, 64, groups=64)
-        self.pointwise2 = ConvBNReLU(64, 64, kernel=1)
-        self.down2 = ConvBNReLU(64, 96, stride=2)
-        self.pointwise3 = ConvBNReLU(96, 96, kernel=1)
+        self.stem = ConvBNReLU(1, 16, folded=folded)
+        self.expand = nn.Conv2d(16, 32, 3, 1, 1, bias=False)  # no BatchNorm after it, so nothing folded in
+        self.norm = nn.GroupNorm(groups, 32, eps=epsilon)
+        self.block1 = ConvBNReLU(32, 32, folded=folded)
+        self.down1 = ConvBNReLU(32, 64, stride=2, folded=folded)
+        self.block2 = ConvBNReLU(64, 64, folded=folded)
+        self.depthwise2 = ConvBNReLU(64, 64, groups=64, folded=folded)
+        self.pointwise2 = ConvBNReLU(64, 64, kernel=1, folded=folded)
+        self.down2 = ConvBNReLU(64, 96, stride=2, folded=folded)
+        self.pointwise3 = ConvBNReLU(96, 96, kernel=1, folded=folded)
         self.fc1 = nn.Linear(96, 64)
         self.fc2 = nn.Linear(64, 10)
 

@@ -181,9 +181,9 @@ def choose_layerwise(
             calibration,
             data.batches,
             output_index,
-            config.cache_dir / "calibration",
-            model.hash,
-            candidates,
+            cache_dir=config.cache_dir / "calibration",
+            model_hash=model.hash,
+            methods=candidates,
             # The bar shows a person where a first run's minutes go; logs and captured output get the summary line.
             progress=log.isEnabledFor(logging.INFO) and sys.stderr.isatty(),
             layer_probe=backend.layer_probe(),  # the backend's own device where it has one (torch on CUDA)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnx
@@ -56,6 +56,9 @@ from autotune.quant.calibrate import (
 from autotune.quant.probe import Cut, find_cut
 from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import required_ranges, rewrite, smoothable
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 logger = logging.getLogger(__name__)
 
@@ -265,15 +268,30 @@ def _fp32_pass(
     return outputs, values, {t: (lows[t].tolist(), highs[t].tolist()) for t in channel_tensors}
 
 
+@dataclass(frozen=True)
+class _Fp32Run:
+    """What one FP32 run over the calibration data left for the per-layer probes.
+
+    Attributes:
+        output: The name of the scored model output.
+        reference: The scored output per batch.
+        values: Per batch, every tensor a layer or the model after it reads.
+        channels: Per smoothable input tensor, its per-channel ``(min, max)``.
+    """
+
+    output: str
+    reference: Sequence[np.ndarray]
+    values: Sequence[Mapping[str, np.ndarray]]
+    channels: dict[str, tuple[list[float], list[float]]]
+
+
 def _layer_errors(
     model: onnx.ModelProto,
     layer: Layer,
     cut: Cut,
     recipe: QuantRecipe,
     candidates: Sequence[_Candidate],
-    values: Sequence[Mapping[str, np.ndarray]],
-    reference: Sequence[np.ndarray],
-    output: str,
+    fp32: _Fp32Run,
     exhaustive: bool = False,
 ) -> list[float]:
     """The model-output noise-to-signal power of each candidate (an estimate for a clear loser).
@@ -284,10 +302,37 @@ def _layer_errors(
     once its noise exceeds the best's total (it cannot win) or its noise-to-signal so far exceeds the best's by
     :data:`_MARGIN`; it then holds that estimate, which stays above the best. ``exhaustive`` runs everything.
     """
-    signals = [float(np.square(out, dtype=np.float64).sum()) for out in reference]
+    signals = [float(np.square(out, dtype=np.float64).sum()) for out in fp32.reference]
     if not cut.reaches_output:  # the layer cannot move the output: every candidate scores as FP32 does
         return [_noise_to_signal(0.0, sum(signals))] * len(candidates)
-    examples = {name: [batch[name] for batch in values] for name in cut.fetched}
+    changed, downstream = _candidate_outputs(model, layer, cut, recipe, candidates, fp32)
+
+    def noise_of(candidate: int, batch: int) -> float:
+        out = changed[batch][candidate]
+        if downstream is not None:
+            feeds = {name: fp32.values[batch][name] for name in cut.downstream_inputs}
+            out = downstream.run([fp32.output], {cut.target: out, **feeds})[0]
+        return float(np.square(np.asarray(out, np.float64) - fp32.reference[batch]).sum())
+
+    noise = _race(len(candidates), noise_of, signals, exhaustive)
+    return [_noise_to_signal(value, sum(signals)) for value in noise]
+
+
+def _candidate_outputs(
+    model: onnx.ModelProto,
+    layer: Layer,
+    cut: Cut,
+    recipe: QuantRecipe,
+    candidates: Sequence[_Candidate],
+    fp32: _Fp32Run,
+) -> tuple[list[list[np.ndarray]], ort.InferenceSession | None]:
+    """Per batch, every candidate's version of the layer's target tensor, and the session downstream of it.
+
+    The target tensor is the only value that differs from FP32, so one probe session computes it for all the
+    candidates side by side; the downstream session (None where the target is the scored output) turns it into
+    the model output.
+    """
+    examples = {name: [batch[name] for batch in fp32.values] for name in cut.fetched}
     single = probe.single_layer_model(model, cut, examples)
     plan = Plan.make({layer.name: "int8"})
     typed = [
@@ -295,38 +340,39 @@ def _layer_errors(
         for ranges, factors in candidates
     ]
     probes = probe.session(probe.side_by_side(typed, cut))
-    # Per batch, every candidate's version of the target tensor: the only value that differs from FP32.
-    changed = [probes.run(None, {name: batch[name] for name in cut.inputs}) for batch in values]
+    changed = [probes.run(None, {name: batch[name] for name in cut.inputs}) for batch in fp32.values]
     downstream = None
     if cut.downstream:
         examples[cut.target] = [outs[0] for outs in changed]
-        examples[output] = list(reference)
-        downstream = probe.session(probe.downstream_model(model, cut, output, examples))
-    noise: list[list[float]] = [[] for _ in candidates]
+        examples[fp32.output] = list(fp32.reference)
+        downstream = probe.session(probe.downstream_model(model, cut, fp32.output, examples))
+    return changed, downstream
 
-    def measure(i: int) -> None:
-        b = len(noise[i])
-        out = changed[b][i]
-        if downstream is not None:
-            feeds = {name: values[b][name] for name in cut.downstream_inputs}
-            out = downstream.run([output], {cut.target: out, **feeds})[0]
-        noise[i].append(float(np.square(np.asarray(out, np.float64) - reference[b]).sum()))
+
+def _race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[float], exhaustive: bool) -> list[float]:
+    """Each candidate's total noise over the batches, or its extrapolation once it clearly cannot win.
+
+    Args:
+        count: How many candidates.
+        noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``.
+        signals: The FP32 output power per batch.
+        exhaustive: Run every candidate on every batch (every total exact).
+    """
+    noise: list[list[float]] = [[noise_of(i, 0)] for i in range(count)]
 
     def estimate(i: int) -> float:
         """The total noise of candidate ``i`` at its noise-to-signal ratio so far (exact once complete)."""
         return sum(noise[i]) * sum(signals) / max(sum(signals[: len(noise[i])]), 1e-30)
 
-    for i in range(len(candidates)):
-        measure(i)
     best = math.inf
-    for i in sorted(range(len(candidates)), key=lambda i: noise[i][0]):  # the likely winner sets the bound
-        while len(noise[i]) < len(values):
+    for i in sorted(range(count), key=lambda i: noise[i][0]):  # the likely winner sets the bound
+        while len(noise[i]) < len(signals):
             if not exhaustive and (sum(noise[i]) > best or estimate(i) > _MARGIN * best):
                 break
-            measure(i)
-        if len(noise[i]) == len(values):
+            noise[i].append(noise_of(i, len(noise[i])))
+        if len(noise[i]) == len(signals):
             best = min(best, sum(noise[i]))
-    return [_noise_to_signal(estimate(i), sum(signals)) for i in range(len(candidates))]
+    return [estimate(i) for i in range(count)]
 
 
 def _probed_errors(
@@ -390,6 +436,37 @@ def _load(path: Path, layers: Sequence[Layer], methods: Sequence[str]) -> Layerw
     return LayerwiseChoices(chosen, errors, channels)
 
 
+@dataclass(frozen=True)
+class LayerwiseOptions:
+    """How :func:`choose_layer_methods` chooses: what it scores, with which candidates, where, and its cache.
+
+    Attributes:
+        output_index: The scored model output.
+        cache_dir: Where the choices are cached, or None.
+        model_hash: Content hash of the model (part of the cache key).
+        methods: Candidates, preferred first: range methods and keys of :data:`SMOOTHING`.
+        progress: Show a progress bar (on stderr) over the layers.
+        exhaustive: Measure every candidate on every batch, so every recorded error is exact (the choices are
+            the same either way; slower).
+        layer_probe: Runs the single-layer candidates on the backend's device (:class:`LayerProbe`), every
+            candidate on every batch; None runs them on ONNX Runtime's CPU. Range methods only: SmoothQuant
+            candidates need the ONNX probes.
+    """
+
+    output_index: int = 0
+    cache_dir: Path | None = None
+    model_hash: str = ""
+    methods: Sequence[str] = (*METHODS, *SMOOTHING)
+    progress: bool = True
+    exhaustive: bool = False
+    layer_probe: LayerProbe | None = None
+
+    def cache_key(self) -> tuple:
+        """The options that change the choices (beside the model, data, layers and recipe)."""
+        key = (self.output_index, tuple(self.methods), self.exhaustive)
+        return key if self.layer_probe is None else (*key, self.layer_probe.name)
+
+
 def choose_layer_methods(
     model: onnx.ModelProto,
     layers: Sequence[Layer],
@@ -397,12 +474,7 @@ def choose_layer_methods(
     calibration: Calibration,
     batches: Sequence[Mapping[str, np.ndarray]],
     output_index: int = 0,
-    cache_dir: Path | None = None,
-    model_hash: str = "",
-    methods: Sequence[str] = (*METHODS, *SMOOTHING),
-    progress: bool = True,
-    exhaustive: bool = False,
-    layer_probe: LayerProbe | None = None,
+    **options: Any,
 ) -> LayerwiseChoices:
     """Quantizes each layer alone to INT8 with each candidate and keeps the least harmful one.
 
@@ -422,82 +494,107 @@ def choose_layer_methods(
         calibration: Statistics of every tensor the layers need.
         batches: Calibration feeds.
         output_index: The scored model output.
-        cache_dir: Where the choices are cached, or None.
-        model_hash: Content hash of ``model`` (part of the cache key).
-        methods: Candidates, preferred first: range methods and keys of :data:`SMOOTHING`.
-        progress: Show a progress bar (on stderr) over the layers.
-        exhaustive: Measure every candidate on every batch, so every recorded error is exact (the choices are
-            the same either way; slower).
-        layer_probe: Runs the single-layer candidates on the backend's device (:class:`LayerProbe`), every
-            candidate on every batch; None runs them on ONNX Runtime's CPU as described above. Range methods
-            only: SmoothQuant candidates need the ONNX probes.
+        **options: The other fields of :class:`LayerwiseOptions`, by name.
 
     Returns:
         The choices, from the cache when one matches; ``seconds`` says how long choosing took.
     """
     start = time.perf_counter()
+    settings = LayerwiseOptions(output_index=output_index, **options)
     path = None
-    if cache_dir is not None:
-        key = (output_index, tuple(methods), exhaustive)
-        if layer_probe is not None:
-            key = (*key, layer_probe.name)
-        path = _cache_path(Path(cache_dir), model_hash, batches, layers, recipe, calibration, key)
-        cached = _load(path, layers, methods)
+    if settings.cache_dir is not None:
+        key = settings.cache_key()
+        path = _cache_path(Path(settings.cache_dir), settings.model_hash, batches, layers, recipe, calibration, key)
+        cached = _load(path, layers, settings.methods)
         if cached is not None:
             return cached
-    if not methods:
+    if not settings.methods:
         raise ValueError("layerwise calibration needs at least one candidate method")
-    weights = {init.name: tuple(init.dims) for init in model.graph.initializer}
-    smoothable_layers = {
-        layer.name for layer in layers if smoothable(layer) and len(weights.get(layer.weight or "", ())) == 2
-    }
-    smooth = any(method in SMOOTHING for method in methods)
-    channel_tensors = list(
-        dict.fromkeys(layer.activation_inputs[0] for layer in layers if smooth and layer.name in smoothable_layers)
-    )
-    output = model.graph.output[output_index].name
-    cuts = {layer.name: find_cut(model, layer, recipe, output) for layer in layers}
-    fetched = list(dict.fromkeys(name for cut in cuts.values() for name in cut.fetched))
-    # The FP32 run counts as one step of the bar: on MiniLM it takes about as long as one early layer.
-    if layer_probe is not None and channel_tensors:
-        raise ValueError(f"{layer_probe.name} probes range methods only, not SmoothQuant ({sorted(SMOOTHING)})")
-    with tqdm(total=len(layers) + 1, desc="layerwise calibration", unit="step", disable=not progress) as bar:
-        if layer_probe is None:
-            reference, values, channels = _fp32_pass(model, fetched, channel_tensors, batches, output_index)
-        else:  # the probe runs its own FP32 model on its device
-            reference, values, channels = [], [], {}
-        bar.update()
-        by_method = {method: calibration.ranges(method) for method in methods if method not in SMOOTHING}
-        errors: dict[str, dict[str, float]] = {}
-        for layer in layers:
-            options = _candidates(model, layer, recipe, calibration, by_method, channels, methods, smoothable_layers)
-            unique: dict[tuple, _Candidate] = {}
-            for option in options.values():
-                if option is not None:
-                    unique.setdefault(*option)
-            if layer_probe is None:
-                measured = _layer_errors(
-                    model, layer, cuts[layer.name], recipe, list(unique.values()), values, reference, output, exhaustive
-                )
-            else:
-                measured = _probed_errors(
-                    layer_probe, layer, cuts[layer.name], list(unique.values()), batches, output_index
-                )
-            by_key = dict(zip(unique, measured, strict=True))
-            errors[layer.name] = {method: by_key[option[0]] for method, option in options.items() if option}
-            bar.update()
+    errors, channels = _measure_layers(model, layers, recipe, calibration, batches, settings)
     names = [layer.name for layer in layers]
     chosen = LayerwiseChoices(
-        choose_methods(names, methods, lambda name, method: errors[name].get(method, math.inf)),
+        choose_methods(names, settings.methods, lambda name, method: errors[name].get(method, math.inf)),
         errors,
         channels,
         seconds=time.perf_counter() - start,
     )
     logger.info("layerwise calibration: %d layers in %.1f s", len(layers), chosen.seconds)
     if path is not None:
-        payload = {"format": _CACHE_FORMAT, "methods": chosen.methods, "errors": chosen.errors, "channels": channels}
-        try:
-            atomic_write(path, json.dumps(payload))
-        except OSError as error:  # a cache that cannot be written only costs time
-            logger.warning("cannot write the layerwise calibration cache %s (%s)", path, error)
+        _save(path, chosen)
     return chosen
+
+
+def _save(path: Path, chosen: LayerwiseChoices) -> None:
+    """Caches the choices; a cache that cannot be written only costs time, so a failure is logged, not raised."""
+    payload = {
+        "format": _CACHE_FORMAT,
+        "methods": chosen.methods,
+        "errors": chosen.errors,
+        "channels": chosen.channel_ranges,
+    }
+    try:
+        atomic_write(path, json.dumps(payload))
+    except OSError as error:
+        logger.warning("cannot write the layerwise calibration cache %s (%s)", path, error)
+
+
+def _smoothable_layers(model: onnx.ModelProto, layers: Sequence[Layer]) -> set[str]:
+    """The layers SmoothQuant applies to: smoothable ops whose weight is 2-D."""
+    weights = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    return {layer.name for layer in layers if smoothable(layer) and len(weights.get(layer.weight or "", ())) == 2}
+
+
+def _measure_layers(
+    model: onnx.ModelProto,
+    layers: Sequence[Layer],
+    recipe: QuantRecipe,
+    calibration: Calibration,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    settings: LayerwiseOptions,
+) -> tuple[dict[str, dict[str, float]], dict[str, tuple[list[float], list[float]]]]:
+    """Every layer's model-output error per candidate method, and the per-channel ranges smoothing needs.
+
+    Raises:
+        ValueError: A ``layer_probe`` was asked to measure SmoothQuant candidates.
+    """
+    smoothable_layers = _smoothable_layers(model, layers)
+    smooth = any(method in SMOOTHING for method in settings.methods)
+    channel_tensors = list(
+        dict.fromkeys(layer.activation_inputs[0] for layer in layers if smooth and layer.name in smoothable_layers)
+    )
+    output = model.graph.output[settings.output_index].name
+    cuts = {layer.name: find_cut(model, layer, recipe, output) for layer in layers}
+    fetched = list(dict.fromkeys(name for cut in cuts.values() for name in cut.fetched))
+    probe_name = None if settings.layer_probe is None else settings.layer_probe.name
+    if probe_name is not None and channel_tensors:
+        raise ValueError(f"{probe_name} probes range methods only, not SmoothQuant ({sorted(SMOOTHING)})")
+    # The FP32 run counts as one step of the bar: on MiniLM it takes about as long as one early layer.
+    with tqdm(total=len(layers) + 1, desc="layerwise calibration", unit="step", disable=not settings.progress) as bar:
+        if settings.layer_probe is None:
+            fp32 = _Fp32Run(output, *_fp32_pass(model, fetched, channel_tensors, batches, settings.output_index))
+        else:  # the probe runs its own FP32 model on its device
+            fp32 = _Fp32Run(output, [], [], {})
+        bar.update()
+        by_method = {method: calibration.ranges(method) for method in settings.methods if method not in SMOOTHING}
+        errors: dict[str, dict[str, float]] = {}
+        for layer in layers:
+            options = _candidates(
+                model, layer, recipe, calibration, by_method, fp32.channels, settings.methods, smoothable_layers
+            )
+            unique: dict[tuple, _Candidate] = {}
+            for option in options.values():
+                if option is not None:
+                    unique.setdefault(*option)
+            if settings.layer_probe is None:
+                measured = _layer_errors(
+                    model, layer, cuts[layer.name], recipe, list(unique.values()), fp32, settings.exhaustive
+                )
+            else:
+                probed = list(unique.values())
+                measured = _probed_errors(
+                    settings.layer_probe, layer, cuts[layer.name], probed, batches, settings.output_index
+                )
+            by_key = dict(zip(unique, measured, strict=True))
+            errors[layer.name] = {method: by_key[option[0]] for method, option in options.items() if option}
+            bar.update()
+    return errors, fp32.channels

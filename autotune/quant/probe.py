@@ -101,9 +101,35 @@ def find_cut(model: onnx.ModelProto, layer: Layer, recipe: QuantRecipe, output: 
     # A folded Clip reads its bounds too (from Constant nodes in PyTorch's legacy export): the probe is fed them.
     inside = {name for node in nodes for name in node.output}
     inputs = list(dict.fromkeys(n for node in nodes for n in _reads(node) if n not in constants and n not in inside))
-    # Forward: every node that reads something the target changes; backward: only those the output needs.
+    downstream = _downstream_nodes(graph, own, target, output, constants)
+    ordered = [graph.node[i] for i in sorted(downstream)]
+    produced = {name for node in ordered for name in node.output}
+    cut = [
+        name
+        for node in ordered
+        for name in _reads(node)
+        if name not in produced and name not in constants and name != target
+    ]
+    return Cut(
+        target,
+        tuple(nodes),
+        tuple(inputs),
+        tuple(ordered),
+        tuple(dict.fromkeys(cut)),
+        reaches_output=output == target or output in produced,
+    )
+
+
+def _downstream_nodes(
+    graph: onnx.GraphProto, own: Sequence[int], target: str, output: str, constants: set[str]
+) -> set[int]:
+    """The indices of the nodes after the layer's ``own`` nodes that compute ``output`` from ``target``.
+
+    Forward, every node that reads something the target changes; backward, only those the output needs; and the
+    nodes that compute the constants they read.
+    """
     changed, cone = {target}, []
-    for i in range(index + 1, len(graph.node)):
+    for i in range(own[0] + 1, len(graph.node)):
         if i not in own and any(name in changed for name in _reads(graph.node[i])):
             cone.append(i)
             changed.update(graph.node[i].output)
@@ -121,22 +147,7 @@ def find_cut(model: onnx.ModelProto, layer: Layer, recipe: QuantRecipe, output: 
         if i not in downstream:
             downstream.add(i)
             pending.extend(name for name in _reads(graph.node[i]) if name in static)
-    ordered = [graph.node[i] for i in sorted(downstream)]
-    produced = {name for node in ordered for name in node.output}
-    cut = [
-        name
-        for node in ordered
-        for name in _reads(node)
-        if name not in produced and name not in constants and name != target
-    ]
-    return Cut(
-        target,
-        tuple(nodes),
-        tuple(inputs),
-        tuple(ordered),
-        tuple(dict.fromkeys(cut)),
-        reaches_output=output == target or output in produced,
-    )
+    return downstream
 
 
 def _value_info(name: str, arrays: Sequence[np.ndarray]) -> onnx.ValueInfoProto:

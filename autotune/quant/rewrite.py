@@ -441,13 +441,7 @@ def rewrite(
     _check_base(base, recipe)
     chosen = [(layer, precisions.get(layer.name, "fp32")) for layer in layers]
     active = [(layer, precision) for layer, precision in chosen if precision not in ("fp32", base)]
-    out = copy.deepcopy(model)
-    needed = max((_min_opset(precision, layer.op_type) for layer, precision in active), default=0)
-    if base == "bf16":
-        needed = max(needed, 22)  # Conv, pooling and most elementwise ops take bfloat16 from opset 22
-    elif base == "fp16" and any(precision in ("int8", "fp8") for _, precision in active):
-        needed = max(needed, 19)  # QuantizeLinear/DequantizeLinear take float16 scales from opset 19
-    out = ensure_opset(out, needed)
+    out = ensure_opset(copy.deepcopy(model), _needed_opset(active, base))
     scale_type = BASE_TYPES[base][1] if base in BASE_TYPES else None
     rewriter = _Rewriter(out, ranges, recipe, per_channel, layer_ranges, smoothing, scale_type)
     for layer, precision in active:
@@ -459,10 +453,25 @@ def rewrite(
             rewriter.apply_half(layer, precision)
     rewriter.finish()
     if base != "fp32":
-        keep = {
-            layer.name: f"FP32 override of the {base} base (the plan's choice for this layer)"
-            for layer, precision in chosen
-            if precision == "fp32" and layer.op_type in WEIGHTED_OP_TYPES
-        }
-        to_base(out, base, {**range_float_ops(out.graph, base), **keep})
+        _convert_to_base(out, base, chosen)
     return out
+
+
+def _needed_opset(active: Sequence[tuple[Layer, str]], base: str) -> int:
+    """The default-domain opset the rewritten graph needs for its layers' precisions in ``base`` (0: any)."""
+    needed = max((_min_opset(precision, layer.op_type) for layer, precision in active), default=0)
+    if base == "bf16":
+        needed = max(needed, 22)  # Conv, pooling and most elementwise ops take bfloat16 from opset 22
+    elif base == "fp16" and any(precision in ("int8", "fp8") for _, precision in active):
+        needed = max(needed, 19)  # QuantizeLinear/DequantizeLinear take float16 scales from opset 19
+    return needed
+
+
+def _convert_to_base(out: onnx.ModelProto, base: str, chosen: Sequence[tuple[Layer, str]]) -> None:
+    """Converts the rewritten graph to a half ``base`` in place, keeping the plan's FP32 weighted layers FP32."""
+    keep = {
+        layer.name: f"FP32 override of the {base} base (the plan's choice for this layer)"
+        for layer, precision in chosen
+        if precision == "fp32" and layer.op_type in WEIGHTED_OP_TYPES
+    }
+    to_base(out, base, {**range_float_ops(out.graph, base), **keep})

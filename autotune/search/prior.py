@@ -155,51 +155,82 @@ def layer_prior(
         ``allow_spinning`` off on ONNX Runtime can cost more time than INT8 saves), and it is negative where INT8
         costs time.
     """
-    names = list(inputs.layer_names)
-    index = {name: i for i, name in enumerate(names)}
     shares = np.array([share or 0.0 for share in inputs.runtime_shares])
-    errors_by_method: dict[str, np.ndarray] = {}
-    error_features, drop_targets = [], []
-    savings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+    points = _FitPoints(inputs, shares)
     for result in results:
+        points.add(result, knob_defaults, calibration_knob, granularity_knob)
+    drop_scale = _slope_through_origin(points.error_features, points.drop_targets)
+    if drop_scale is None:
+        drop_scale = DEFAULT_DROP_PER_ERROR.get(inputs.metric)
+    # Plans at the default knobs first: another knob's own cost would pass for INT8's (see above).
+    saving_scale = _slope_through_origin(*points.savings[True])
+    if saving_scale is None:
+        saving_scale = _slope_through_origin(*points.savings[False])
+    saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, -1.0, 1.0))
+    drops = {} if drop_scale is None else _prior_drops(inputs, drop_scale, points.errors_by_method)
+    return LayerPrior(saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity)
+
+
+class _FitPoints:
+    """The points the two scales are fitted on, gathered trial by trial.
+
+    Attributes:
+        savings: By whether the plan had every other knob at its default: the INT8 runtime share of its
+            quantized layers, and the time it saved (``1 - 1 / speedup``).
+        error_features: The summed single-layer errors of a plan's INT8 layers.
+        drop_targets: The plan's accuracy drop, beside its error feature.
+        errors_by_method: The single-layer errors of each calibration method met so far.
+    """
+
+    def __init__(self, inputs: PriorInputs, shares: np.ndarray):
+        self._inputs = inputs
+        self._shares = shares
+        self._index = {name: i for i, name in enumerate(inputs.layer_names)}
+        self.savings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+        self.error_features: list[float] = []
+        self.drop_targets: list[float] = []
+        self.errors_by_method: dict[str, np.ndarray] = {}
+
+    def add(
+        self, result: TrialResult, knob_defaults: Mapping[str, object], calibration_knob: str, granularity_knob: str
+    ) -> None:
+        """Adds one trial's points; failed trials and plans with other precisions than INT8 and FP32 add none."""
         if not result.ok or not result.speedup or result.accuracy_drop is None:
-            continue
+            return
         if any(p not in ("fp32", "int8") for _, p in result.plan.precisions):
-            continue
-        quantized = [index[n] for n, p in result.plan.precisions if p == "int8" and n in index]
+            return
+        quantized = [self._index[n] for n, p in result.plan.precisions if p == "int8" and n in self._index]
         default_knobs = all(
             value == knob_defaults.get(name) for name, value in result.plan.knobs if name != calibration_knob
         )
-        features, targets = savings[default_knobs]
-        features.append(float(shares[quantized].sum()))
+        features, targets = self.savings[default_knobs]
+        features.append(float(self._shares[quantized].sum()))
         targets.append(1.0 - 1.0 / result.speedup)
-        if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != inputs.default_granularity:
-            continue
+        if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != self._inputs.default_granularity:
+            return
         method = str(result.plan.knob(calibration_knob, knob_defaults.get(calibration_knob)))
-        if method not in errors_by_method:
-            layer_errors = inputs.layer_errors(method)
+        if method not in self.errors_by_method:
+            layer_errors = self._inputs.layer_errors(method)
             if layer_errors is None:
-                continue
-            errors_by_method[method] = layer_errors
-        error_features.append(float(errors_by_method[method][quantized].sum()))
-        drop_targets.append(result.accuracy_drop)
-    drop_scale = _slope_through_origin(error_features, drop_targets)
-    if drop_scale is None:
-        drop_scale = DEFAULT_DROP_PER_ERROR.get(inputs.metric)
-    saving_scale = _slope_through_origin(*savings[True])
-    if saving_scale is None:
-        saving_scale = _slope_through_origin(*savings[False])
-    saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, -1.0, 1.0))
+                return
+            self.errors_by_method[method] = layer_errors
+        self.error_features.append(float(self.errors_by_method[method][quantized].sum()))
+        self.drop_targets.append(result.accuracy_drop)
+
+
+def _prior_drops(
+    inputs: PriorInputs, drop_scale: float, errors_by_method: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Per calibration method with measured errors (and ``layerwise``), each layer's prior drop in INT8."""
     drops: dict[str, np.ndarray] = {}
-    if drop_scale is not None:
-        methods = {m for by_method in inputs.errors.values() for m in by_method} | {LAYERWISE}
-        for method in sorted(methods):
-            layer_errors = errors_by_method.get(method)
-            if layer_errors is None:
-                layer_errors = inputs.layer_errors(method)
-            if layer_errors is not None:
-                drops[method] = max(drop_scale, 0.0) * layer_errors
-    return LayerPrior(saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity)
+    methods = {m for by_method in inputs.errors.values() for m in by_method} | {LAYERWISE}
+    for method in sorted(methods):
+        layer_errors = errors_by_method.get(method)
+        if layer_errors is None:
+            layer_errors = inputs.layer_errors(method)
+        if layer_errors is not None:
+            drops[method] = max(drop_scale, 0.0) * layer_errors
+    return drops
 
 
 def unsure_groups(

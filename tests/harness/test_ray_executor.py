@@ -13,7 +13,7 @@ from autotune.store import TrialStore
 from autotune.trial import OK
 from autotune.tune import tune
 from tests.reliability import faults
-from tests.reliability.helpers import REPO, distinct_plans, fast_config
+from tests.reliability.helpers import REPO, distinct_plans, fast_config, measure_counts
 
 ray = pytest.importorskip("ray")
 RAY = {"workers": 2, "backend": "ray"}
@@ -40,7 +40,7 @@ def test_a_run_on_ray_actors_spends_the_budget_and_resumes(tmp_path, fault_folde
     summary = tune(config, strategy="random", progress=False)
     store_path = config.run_dir / "trials.sqlite"
     with TrialStore(store_path) as store:
-        assert len(store) == 6 and set(store.measure_counts().values()) == {1}
+        assert len(store) == 6 and set(measure_counts(store).values()) == {1}
         before = {r.plan_hash: r.to_dict() for r in store.trials()}
     assert summary["winner"]["speedup"] > 0
     (config.run_dir / "summary.json").unlink()
@@ -63,4 +63,4 @@ def test_a_ray_worker_killed_mid_trial_is_replaced_and_its_trial_runs_again(tmp_
         assert (fault_folder / "killed").exists()
         assert [r.status for r in results] == [OK] * 4
         assert evaluator._pool.replaced == 1
-        assert len(store) == 4 and set(store.measure_counts().values()) == {1}
+        assert len(store) == 4 and set(measure_counts(store).values()) == {1}

@@ -20,7 +20,16 @@ import pytest
 
 from autotune.store import TrialStore
 from tests.reliability import faults
-from tests.reliability.helpers import env, fast_config, fd_count, rss_kb, start, trial_count, write_config
+from tests.reliability.helpers import (
+    env,
+    fast_config,
+    fd_count,
+    measure_counts,
+    rss_kb,
+    start,
+    trial_count,
+    write_config,
+)
 
 SOAK_TRIALS = int(os.environ.get("AUTOTUNE_SOAK_TRIALS", "60"))
 RSS_GROWTH_MB = 50
@@ -112,7 +121,7 @@ def soak(root: Path, trials: int, faults_folder: Path, interval_s: float = 0.02)
     result.trial_samples = [s for s in faults.samples(faults_folder) if s[0] <= trials]  # not the confirmation's
     assert result.returncode == 0, result.stderr
     with TrialStore(store) as opened:
-        assert len(opened) == trials and set(opened.measure_counts().values()) == {1}
+        assert len(opened) == trials and set(measure_counts(opened).values()) == {1}
     return result
 
 

@@ -17,7 +17,7 @@ from autotune.store import TrialStore
 from autotune.trial import FAILED, OK, TIMEOUT
 from autotune.tune import tune
 from tests.reliability import faults
-from tests.reliability.helpers import alive, cli, distinct_plans, fast_config, write_config
+from tests.reliability.helpers import alive, cli, distinct_plans, fast_config, measure_counts, write_config
 
 
 def _faulty_config(root: Path, timeout_s: float, **overrides):
@@ -43,7 +43,7 @@ def test_crash_signal_hang_and_exception_each_become_a_failed_trial(tmp_path, mo
         assert results[4].error.startswith("RuntimeError: injected metric failure")
         assert results[5].accuracy is not None and results[5].speedup > 0
         # each failure is committed once and never built again
-        assert len(store) == 6 and set(store.measure_counts().values()) == {1}
+        assert len(store) == 6 and set(measure_counts(store).values()) == {1}
         assert evaluator.builds == 6
         again = evaluator.evaluate(plans[1])
         assert again.from_store and again.error == results[1].error
@@ -108,7 +108,7 @@ def test_trial_process_crash_while_preparing_is_a_clear_error_and_resumable(tmp_
     code, err = cli(capsys, "resume", config.run_dir, "--no-progress")
     assert code == 0, err
     with TrialStore(config.run_dir / "trials.sqlite") as store:
-        assert len(store) == 3 and set(store.measure_counts().values()) == {1}
+        assert len(store) == 3 and set(measure_counts(store).values()) == {1}
 
 
 def test_the_search_goes_on_after_a_crash_and_a_hang(tmp_path, monkeypatch):
@@ -120,7 +120,7 @@ def test_the_search_goes_on_after_a_crash_and_a_hang(tmp_path, monkeypatch):
     with TrialStore(config.run_dir / "trials.sqlite") as store:
         statuses = [r.status for r in store.trials()]
         errors = [r.error for r in store.trials() if not r.ok]
-        counts = store.measure_counts()
+        counts = measure_counts(store)
     assert statuses.count(OK) == 6 and statuses[1] == FAILED and statuses[3] == TIMEOUT
     assert errors == [
         "the trial process died (exit code -9, SIGKILL)",

@@ -9,6 +9,7 @@ from autotune.search.reward import meets_budget
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 from autotune.tune import tune
+from tests.reliability.helpers import measure_counts
 
 
 @pytest.fixture()
@@ -177,7 +178,7 @@ def test_each_strategy_writes_the_same_run_layout_with_real_builds(tmp_path, str
     with TrialStore(run / "trials.sqlite") as store:
         assert len(store) == (1 if strategy == "int8" else 6)
         assert store.get_meta("strategy") == strategy
-        assert set(store.measure_counts().values()) == {1}
+        assert set(measure_counts(store).values()) == {1}
     assert summary["builds"] == len(list(TrialStore(run / "trials.sqlite").trials()))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.config import TILING_LEVELS
@@ -100,18 +101,29 @@ def _shape(dims: Sequence[int]) -> str:
     return "x".join(str(int(d)) for d in dims)
 
 
+@dataclass(frozen=True)
+class TrtexecOptions:
+    """What a ``trtexec`` command reads and writes beside the model and the engine, and how it times.
+
+    Attributes:
+        timing_cache_path: ``--timingCacheFile`` (loaded if present, saved after the build).
+        layer_info_path: ``--exportLayerInfo`` JSON, with ``--profilingVerbosity=detailed``.
+        tactic_sources: Every source name of that version, in member-value order (default by major version).
+        avg_timing_iterations: ``--avgTiming`` (trtexec's own default is 8, the API's 1: always emitted).
+        shapes: Input name to shape for inputs with dynamic dimensions (min = opt = max).
+        trtexec: The executable.
+    """
+
+    timing_cache_path: str | None = None
+    layer_info_path: str | None = None
+    tactic_sources: Sequence[str] | None = None
+    avg_timing_iterations: int | None = None
+    shapes: Mapping[str, Sequence[int]] | None = None
+    trtexec: str = "trtexec"
+
+
 def trtexec_command(
-    knobs: Mapping[str, KnobValue],
-    *,
-    onnx_path: str,
-    engine_path: str,
-    version: str,
-    timing_cache_path: str | None = None,
-    layer_info_path: str | None = None,
-    tactic_sources: Sequence[str] | None = None,
-    avg_timing_iterations: int | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    trtexec: str = "trtexec",
+    knobs: Mapping[str, KnobValue], *, onnx_path: str, engine_path: str, version: str, **options: Any
 ) -> list[str]:
     """The ``trtexec`` arguments that build the same engine as the backend does for ``knobs``.
 
@@ -120,12 +132,7 @@ def trtexec_command(
         onnx_path: The typed model.
         engine_path: Where trtexec saves the engine.
         version: The installed TensorRT version (``trt.__version__``); 10.x adds ``--stronglyTyped``.
-        timing_cache_path: ``--timingCacheFile`` (loaded if present, saved after the build).
-        layer_info_path: ``--exportLayerInfo`` JSON, with ``--profilingVerbosity=detailed``.
-        tactic_sources: Every source name of that version, in member-value order (default by major version).
-        avg_timing_iterations: ``--avgTiming`` (trtexec's own default is 8, the API's 1: always emitted).
-        shapes: Input name to shape for inputs with dynamic dimensions (min = opt = max).
-        trtexec: The executable.
+        **options: The fields of :class:`TrtexecOptions`, by name.
 
     Returns:
         argv, first element the executable; ``shlex.join`` makes it a shell line.
@@ -133,39 +140,51 @@ def trtexec_command(
     Raises:
         ValueError: A knob value does not exist in that version.
     """
+    settings = TrtexecOptions(**options)
     major = major_version(version)
-    available = tuple(tactic_sources or (TACTIC_SOURCES_11 if major >= 11 else TACTIC_SOURCES_10))
-    args = [trtexec, f"--onnx={onnx_path}", f"--saveEngine={engine_path}"]
+    available = tuple(settings.tactic_sources or (TACTIC_SOURCES_11 if major >= 11 else TACTIC_SOURCES_10))
+    args = [settings.trtexec, f"--onnx={onnx_path}", f"--saveEngine={engine_path}"]
     if major < 11:
         args.append("--stronglyTyped")  # 11.x: always strongly typed, the flag is a deprecated no-op
+    args += _knob_flags(knobs, available)
+    if settings.avg_timing_iterations is not None:
+        args.append(f"--avgTiming={int(settings.avg_timing_iterations)}")
+    if settings.shapes:
+        spec = ",".join(f"{name}:{_shape(dims)}" for name, dims in settings.shapes.items())
+        args += [f"--minShapes={spec}", f"--optShapes={spec}", f"--maxShapes={spec}"]
+    if settings.timing_cache_path is not None:
+        args.append(f"--timingCacheFile={settings.timing_cache_path}")
+    args.append("--profilingVerbosity=detailed")
+    if settings.layer_info_path is not None:
+        args.append(f"--exportLayerInfo={settings.layer_info_path}")
+    return args
+
+
+def _knob_flags(knobs: Mapping[str, KnobValue], available: Sequence[str]) -> list[str]:
+    """The trtexec flags of the builder knobs present in ``knobs``, in trtexec's documented order.
+
+    Raises:
+        ValueError: A tactic source or tiling level does not exist in this version.
+    """
+    flags = []
     if WORKSPACE_KNOB in knobs:
         # Explicit unit: without a suffix trtexec reads MiB, but a bare number is easy to misread as bytes.
-        args.append(f"--memPoolSize=workspace:{int(knobs[WORKSPACE_KNOB])}M")
+        flags.append(f"--memPoolSize=workspace:{int(knobs[WORKSPACE_KNOB])}M")
     if TACTIC_KNOB in knobs:
-        args.append(_flag_for_tactics(knobs[TACTIC_KNOB], available))
+        flags.append(_flag_for_tactics(knobs[TACTIC_KNOB], available))
     if OPT_LEVEL_KNOB in knobs:
-        args.append(f"--builderOptimizationLevel={int(knobs[OPT_LEVEL_KNOB])}")
+        flags.append(f"--builderOptimizationLevel={int(knobs[OPT_LEVEL_KNOB])}")
     if MAX_TACTICS_KNOB in knobs and int(knobs[MAX_TACTICS_KNOB]) != AUTO:
-        args.append(f"--maxTactics={int(knobs[MAX_TACTICS_KNOB])}")
+        flags.append(f"--maxTactics={int(knobs[MAX_TACTICS_KNOB])}")
     if TILING_KNOB in knobs:
         level = str(knobs[TILING_KNOB])
         if level not in TILING_LEVELS:
             raise ValueError(f"tiling_optimization_level {level!r} is not one of {TILING_LEVELS}")
         # TILING_LEVELS lists the members in value order, which is trtexec's 0..3.
-        args.append(f"--tilingOptimizationLevel={TILING_LEVELS.index(level)}")
+        flags.append(f"--tilingOptimizationLevel={TILING_LEVELS.index(level)}")
     if AUX_STREAMS_KNOB in knobs and int(knobs[AUX_STREAMS_KNOB]) != AUTO:
-        args.append(f"--maxAuxStreams={int(knobs[AUX_STREAMS_KNOB])}")
-    if avg_timing_iterations is not None:
-        args.append(f"--avgTiming={int(avg_timing_iterations)}")
-    if shapes:
-        spec = ",".join(f"{name}:{_shape(dims)}" for name, dims in shapes.items())
-        args += [f"--minShapes={spec}", f"--optShapes={spec}", f"--maxShapes={spec}"]
-    if timing_cache_path is not None:
-        args.append(f"--timingCacheFile={timing_cache_path}")
-    args.append("--profilingVerbosity=detailed")
-    if layer_info_path is not None:
-        args.append(f"--exportLayerInfo={layer_info_path}")
-    return args
+        flags.append(f"--maxAuxStreams={int(knobs[AUX_STREAMS_KNOB])}")
+    return flags
 
 
 def shell_script(argv: Sequence[str], comment: str = "") -> str:

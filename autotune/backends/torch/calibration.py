@@ -12,7 +12,7 @@ calibration cache keeps them apart (``StatisticsCollector.source``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,27 +79,11 @@ def collect_module_statistics(
     if not batches:
         raise ValueError("calibration data is empty")
     on_device = copy.deepcopy(module).float().eval().to(device)
-    tensors_of: dict[str, list[str]] = defaultdict(list)
-    for name, path in sources.items():
-        tensors_of[path].append(name)
-    stats = {name: TensorStats.empty(num_bins) for name in sources}
-    batch_index = 0
-
-    def merge(path: str) -> Any:
-        # Binned as the forward reaches each module: one activation at a time is held (the encoder's all: 4.3 GB)
-        def hook(_: Any, args: tuple[Any, ...]) -> None:
-            for name in tensors_of[path]:
-                try:
-                    update_on_device(stats[name], args[0].detach())
-                except ValueError:
-                    raise nonfinite_error(name, batch_index) from None
-
-        return hook
-
-    handles = [on_device.get_submodule(path).register_forward_pre_hook(merge(path)) for path in tensors_of]
+    binning = _InputBinning(sources, num_bins)
+    handles = binning.attach(on_device)
     try:
         with torch.no_grad():
-            for batch_index, batch in enumerate(batches):  # noqa: B007 - the hooks read it
+            for binning.batch_index, batch in enumerate(batches):
                 feeds = [torch.from_numpy(np.ascontiguousarray(batch[name])).to(device) for name in input_names]
                 on_device(*feeds)
     finally:
@@ -108,7 +92,39 @@ def collect_module_statistics(
         del on_device
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    return stats
+    return binning.stats
+
+
+class _InputBinning:
+    """Forward pre-hooks that bin each hooked module's input into the statistics of the tensors it stands for.
+
+    Binned as the forward reaches each module, one activation at a time is held (the encoder's all: 4.3 GB).
+
+    Attributes:
+        stats: Statistics by tensor name, in the order of the sources.
+        batch_index: The batch the forward runs now (named when a tensor is not finite).
+    """
+
+    def __init__(self, sources: Mapping[str, str], num_bins: int):
+        self._tensors_of: dict[str, list[str]] = defaultdict(list)
+        for name, path in sources.items():
+            self._tensors_of[path].append(name)
+        self.stats = {name: TensorStats.empty(num_bins) for name in sources}
+        self.batch_index = 0
+
+    def attach(self, module: Any) -> list[Any]:
+        """Registers a hook on every source submodule of ``module``; returns the handles that remove them."""
+        return [module.get_submodule(path).register_forward_pre_hook(self._hook(path)) for path in self._tensors_of]
+
+    def _hook(self, path: str) -> Callable[[Any, tuple[Any, ...]], None]:
+        def hook(_: Any, args: tuple[Any, ...]) -> None:
+            for name in self._tensors_of[path]:
+                try:
+                    update_on_device(self.stats[name], args[0].detach())
+                except ValueError:
+                    raise nonfinite_error(name, self.batch_index) from None
+
+        return hook
 
 
 _CHUNK = 1 << 24

@@ -158,22 +158,33 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convol
     convolution (``convolutions`` False): there it changes nothing, and a build to time it would be spent on noise.
     No SmoothQuant: the backend rewrites modules, and a smoothed layer's ranges would not fit its unsmoothed module.
     """
-    cc = info.capability or (0, 0)
-    floats = ["fp32"]
-    if "fp16" in info.ops:
-        floats.append("fp16")
-    if "bf16" in info.ops and (not info.is_cuda or cc >= (8, 0)):
-        floats.append("bf16")
+    floats = _float_precisions(info)
     linear = list(floats)
     if "int8" in info.ops:
         linear.append("int8")
-    if info.fp8_scaling is not None and (not info.is_cuda or cc >= (8, 9)):
+    if info.fp8_scaling is not None and (not info.is_cuda or (info.capability or (0, 0)) >= (8, 9)):
         linear.append("fp8")
     precisions = {op: tuple(linear) for op in MATMUL_OP_TYPES} | {op: tuple(floats) for op in TORCH_CONV_OP_TYPES}
     if not info.is_cuda:
         # Inductor on the CPU needs a C++ toolchain and says nothing about the GPU: the CPU runs eager, for tests.
         knob = Knob(MODE_KNOB, ("eager",), "execution mode: eager only on the CPU")
-        return Capabilities(precisions, (knob, *base_knobs(tuple(floats), attention)), smoothing=False)
+        return Capabilities(precisions, (knob, *base_knobs(floats, attention)), smoothing=False)
+    knobs = [*_cuda_knobs(info, convolutions), *base_knobs(floats, attention)]
+    return Capabilities(precisions, tuple(knobs), smoothing=False)
+
+
+def _float_precisions(info: DeviceInfo) -> tuple[str, ...]:
+    """The float precisions the device runs, ``fp32`` first: fp16, and bf16 from compute capability 8.0 on CUDA."""
+    floats = ["fp32"]
+    if "fp16" in info.ops:
+        floats.append("fp16")
+    if "bf16" in info.ops and (not info.is_cuda or (info.capability or (0, 0)) >= (8, 0)):
+        floats.append("bf16")
+    return tuple(floats)
+
+
+def _cuda_knobs(info: DeviceInfo, convolutions: bool) -> list[Knob]:
+    """The execution knobs of a CUDA device (see :func:`torch_capabilities` for which are free)."""
     compiled = "compile" in info.ops
     knobs = [
         Knob(
@@ -196,7 +207,7 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convol
                 "GEMM implementations max-autotune picks from (the tactic sources); ignored in other modes",
             )
         )
-    if cc >= (8, 0):  # TF32 units exist from Ampere on; elsewhere the flag changes nothing
+    if (info.capability or (0, 0)) >= (8, 0):  # TF32 units exist from Ampere on; elsewhere the flag changes nothing
         knobs.append(Knob(TF32_KNOB, (False, True), "FP32 matmuls and convolutions on TF32 tensor cores"))
     knobs.append(
         Knob(
@@ -206,8 +217,7 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convol
             free=convolutions,
         )
     )
-    knobs += base_knobs(tuple(floats), attention)
-    return Capabilities(precisions, tuple(knobs), smoothing=False)
+    return knobs
 
 
 def _works(run: Callable[[], Any]) -> bool:

@@ -95,19 +95,31 @@ def write_export(
     }
     files.append(atomic_write(out_dir / "manifest.json", json.dumps(manifest, indent=2)))
     files.append(atomic_write(out_dir / "plan.json", plan.to_json(indent=2)))
+    files.append(_write_exported_program(artifact, out_dir))
+    return files
+
+
+def _write_exported_program(artifact: TorchArtifact, out_dir: Path) -> Path:
+    """Writes ``exported.pt2`` from ``torch.export``, or where that fails ``export_notes.txt`` saying why.
+
+    Returns:
+        The file written; the other one is removed, so a stale one from an earlier export does not mislead.
+    """
+    import torch
+
     exported, notes = out_dir / "exported.pt2", out_dir / "export_notes.txt"
     try:
         with torch.no_grad():
             program = torch.export.export(artifact.module, tuple(artifact.inputs))
         # torch.export.save checks the suffix: atomic_write's temporary path keeps .pt2
-        files.append(atomic_write(exported, lambda tmp: torch.export.save(program, str(tmp))))
+        written = atomic_write(exported, lambda tmp: torch.export.save(program, str(tmp)))
         notes.unlink(missing_ok=True)
+        return written
     except Exception as error:  # noqa: BLE001 - torch.export fails in many ways; the state dict still loads
         log.info("torch.export failed: %s", error)
         exported.unlink(missing_ok=True)
         text = f"torch.export.export failed, so there is no exported.pt2; rebuild.py still works.\n{error}\n"
-        files.append(atomic_write(notes, text))
-    return files
+        return atomic_write(notes, text)
 
 
 def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:

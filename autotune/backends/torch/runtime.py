@@ -236,44 +236,70 @@ def make_artifact(
             check_output_shapes(artifact.launch(), output_shapes)
         stages["first_call"] = time.perf_counter() - started
         return artifact
-    index = torch.device(device).index
-    if index is not None:  # graph capture and compiled kernels use the current device
-        torch.cuda.set_device(index)
-    set_runtime_flags(bool(knobs[TF32_KNOB]), bool(knobs[CUDNN_BENCHMARK_KNOB]))
-    stream = torch.cuda.Stream(device=device)
-    artifact.stream = stream
-    stream.wait_stream(torch.cuda.current_stream(device))
+    stream = _build_stream(artifact)
     with torch.no_grad():
-        started = time.perf_counter()
-        with torch.cuda.stream(stream):
-            for call in range(3):  # the first call compiles; then the caching allocator and cuDNN settle
-                outputs = artifact.launch()
-                if call == 0:
-                    stream.synchronize()
-                    stages["first_call"] = time.perf_counter() - started
-                    started = time.perf_counter()
-        stream.synchronize()
-        stages["warmup"] = time.perf_counter() - started
+        outputs = _warm_up(artifact, stream, stages)
         check_output_shapes(outputs, output_shapes)
-        started = time.perf_counter()
         if knobs[CUDA_GRAPHS_KNOB]:
-            graph = torch.cuda.CUDAGraph()
-            # cuBLAS keeps one workspace per stream, allocated outside any graph by the warm-up above. A graph
-            # captured with it would point at memory it does not own, and inductor's own CUDA graphs (the
-            # reduce-overhead one-liners) free those workspaces before and after each recording: our replays
-            # then hit freed memory (an illegal memory access on the H200). Cleared here, the workspace is
-            # allocated during capture, in the graph's private pool, which lives as long as the graph.
-            _clear_cublas_workspaces()
-            with torch.cuda.graph(graph, stream=stream):
-                captured = artifact.launch()
-            _clear_cublas_workspaces()  # later work on this stream gets a workspace of its own, not the graph's
-            artifact.graph, artifact.outputs = graph, captured
-            with torch.cuda.stream(stream):
-                artifact.launch()  # a replay that fails should fail the build, not the measurement
-            stream.synchronize()
-            stages["capture"] = time.perf_counter() - started
+            _capture_graph(artifact, stream, stages)
     artifact.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
     return artifact
+
+
+def _build_stream(artifact: TorchArtifact) -> Any:
+    """Makes the artifact's device current, sets its CUDA flags, and gives it a stream of its own (returned)."""
+    import torch
+
+    index = torch.device(artifact.device).index
+    if index is not None:  # graph capture and compiled kernels use the current device
+        torch.cuda.set_device(index)
+    set_runtime_flags(bool(artifact.knobs[TF32_KNOB]), bool(artifact.knobs[CUDNN_BENCHMARK_KNOB]))
+    stream = torch.cuda.Stream(device=artifact.device)
+    artifact.stream = stream
+    stream.wait_stream(torch.cuda.current_stream(artifact.device))
+    return stream
+
+
+def _warm_up(artifact: TorchArtifact, stream: Any, stages: dict[str, float]) -> Sequence[Any]:
+    """Three calls on ``stream``, timed into ``stages`` (``first_call``, ``warmup``); the last call's outputs.
+
+    The first call compiles; then the caching allocator and cuDNN settle.
+    """
+    import torch
+
+    started = time.perf_counter()
+    with torch.cuda.stream(stream):
+        for call in range(3):
+            outputs = artifact.launch()
+            if call == 0:
+                stream.synchronize()
+                stages["first_call"] = time.perf_counter() - started
+                started = time.perf_counter()
+    stream.synchronize()
+    stages["warmup"] = time.perf_counter() - started
+    return outputs
+
+
+def _capture_graph(artifact: TorchArtifact, stream: Any, stages: dict[str, float]) -> None:
+    """Captures a CUDA graph of one call into the artifact and replays it once, timed into ``stages["capture"]``."""
+    import torch
+
+    started = time.perf_counter()
+    graph = torch.cuda.CUDAGraph()
+    # cuBLAS keeps one workspace per stream, allocated outside any graph by the warm-up. A graph captured with it
+    # would point at memory it does not own, and inductor's own CUDA graphs (the reduce-overhead one-liners) free
+    # those workspaces before and after each recording: our replays then hit freed memory (an illegal memory
+    # access on the H200). Cleared here, the workspace is allocated during capture, in the graph's private pool,
+    # which lives as long as the graph.
+    _clear_cublas_workspaces()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = artifact.launch()
+    _clear_cublas_workspaces()  # later work on this stream gets a workspace of its own, not the graph's
+    artifact.graph, artifact.outputs = graph, captured
+    with torch.cuda.stream(stream):
+        artifact.launch()  # a replay that fails should fail the build, not the measurement
+    stream.synchronize()
+    stages["capture"] = time.perf_counter() - started
 
 
 def apply_flags(artifact: TorchArtifact) -> None:

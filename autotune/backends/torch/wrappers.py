@@ -154,18 +154,7 @@ def _define_fp8_linear() -> Any:
         def from_linear(cls, linear: nn.Linear, act_scale: float, per_channel: bool, scaling: str) -> Fp8Linear:
             """Quantizes an ``nn.Linear`` with ``autotune.quant.qparams.quantize_weight_fp8`` (axis 0)."""
             module = cls(linear.in_features, linear.out_features, linear.bias is not None, scaling)
-            q, scales = quantize_weight_fp8(linear.weight.detach().float().cpu().numpy(), 0, per_channel)
-            scales = np.broadcast_to(scales, (linear.out_features,)).astype(np.float32)
-            out, inp = linear.out_features, linear.in_features
-            with torch.no_grad():
-                # ml_dtypes and torch share the e4m3fn bit layout
-                module.weight_q[:out, :inp].copy_(
-                    torch.from_numpy(np.ascontiguousarray(q).view(np.uint8)).view(torch.float8_e4m3fn)
-                )
-                module.act_scale.fill_(float(np.float32(act_scale)))
-                module.weight_scale[:out].copy_(torch.from_numpy(scales))
-                if linear.bias is not None:
-                    module.bias.copy_(linear.bias.detach().float().cpu())
+            _load_fp8_weights(module, linear, act_scale, per_channel)
             return module
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,21 +165,7 @@ def _define_fp8_linear() -> Any:
             if pad_rows or self.in_padded != self.in_features:
                 flat = torch.nn.functional.pad(flat, (0, self.in_padded - self.in_features, 0, pad_rows))
             q = torch.clamp(flat / self.act_scale, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-            if self.scaling == "rowwise":
-                scale_a = self.act_scale.expand(q.shape[0], 1).contiguous()
-                y = torch._scaled_mm(
-                    q,
-                    self.weight_q.t(),
-                    scale_a=scale_a,
-                    scale_b=self.weight_scale.view(1, -1),
-                    out_dtype=torch.bfloat16,
-                )
-                y = y[:rows, : self.out_features].float()
-            else:
-                y = torch._scaled_mm(
-                    q, self.weight_q.t(), scale_a=self.act_scale, scale_b=self.one, out_dtype=torch.float32
-                )
-                y = y[:rows, : self.out_features] * self.weight_scale[: self.out_features]
+            y = _fp8_matmul(self, q, rows)
             if self.bias is not None:
                 y = y + self.bias
             return y.reshape(*lead, self.out_features).to(x.dtype)
@@ -199,6 +174,46 @@ def _define_fp8_linear() -> Any:
             return f"in_features={self.in_features}, out_features={self.out_features}, scaling={self.scaling}"
 
     return Fp8Linear
+
+
+def _load_fp8_weights(module: Any, linear: Any, act_scale: float, per_channel: bool) -> None:
+    """Fills an ``Fp8Linear``'s buffers from ``linear``: e4m3 weights and their scales, the activation scale, bias."""
+    import torch
+
+    q, scales = quantize_weight_fp8(linear.weight.detach().float().cpu().numpy(), 0, per_channel)
+    scales = np.broadcast_to(scales, (linear.out_features,)).astype(np.float32)
+    out, inp = linear.out_features, linear.in_features
+    with torch.no_grad():
+        # ml_dtypes and torch share the e4m3fn bit layout
+        module.weight_q[:out, :inp].copy_(
+            torch.from_numpy(np.ascontiguousarray(q).view(np.uint8)).view(torch.float8_e4m3fn)
+        )
+        module.act_scale.fill_(float(np.float32(act_scale)))
+        module.weight_scale[:out].copy_(torch.from_numpy(scales))
+        if linear.bias is not None:
+            module.bias.copy_(linear.bias.detach().float().cpu())
+
+
+def _fp8_matmul(module: Any, q: Any, rows: int) -> Any:
+    """The float32 product of an ``Fp8Linear``'s e4m3 input ``q`` and its weights, its first ``rows`` rows.
+
+    ``rowwise`` applies both scales inside the GEMM, whose rowwise kernels write bfloat16; ``tensorwise`` applies
+    the activation scale inside and the per-channel weight scales to the float32 output.
+    """
+    import torch
+
+    if module.scaling == "rowwise":
+        scale_a = module.act_scale.expand(q.shape[0], 1).contiguous()
+        y = torch._scaled_mm(
+            q,
+            module.weight_q.t(),
+            scale_a=scale_a,
+            scale_b=module.weight_scale.view(1, -1),
+            out_dtype=torch.bfloat16,
+        )
+        return y[:rows, : module.out_features].float()
+    y = torch._scaled_mm(q, module.weight_q.t(), scale_a=module.act_scale, scale_b=module.one, out_dtype=torch.float32)
+    return y[:rows, : module.out_features] * module.weight_scale[: module.out_features]
 
 
 def _define_precision_boundary() -> Any:
