@@ -23,11 +23,13 @@ from autotune.autoconfig import (
     parse_shapes,
 )
 from autotune.config import ConfigError, TuneConfig, apply_overrides, dump_config, load_config, parse_config
+from autotune.confirm import export_ranked
 from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
-from autotune.measure import Busy, compare_rounds
+from autotune.interference import Busy
+from autotune.measure import compare_rounds
 from autotune.plan import PRECISIONS
-from autotune.tune import STRATEGIES, export_ranked, tune
+from autotune.tune import STRATEGIES, tune
 
 
 def _add_config(parser: argparse.ArgumentParser, model_only: bool = False) -> None:

@@ -11,7 +11,7 @@ Two readings, both free of any assumption about the model being timed:
   stretches its run by that wait: this is the reading that says a round was slowed by the others.
 
 Neither exists off Linux (or without the scheduler's statistics); ``Sampler.available`` says so and readings are
-None there, so a caller can say that it cannot tell.
+None there, so a caller can say that it cannot tell. ``Busy`` is what one measurement makes of them for its user.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 _PROC_STAT = Path("/proc/stat")
@@ -155,3 +156,87 @@ class Sampler:
         if start is None or end is None:
             return None
         return Reading.between(start, end, len(self.cpus))
+
+
+@dataclass(frozen=True)
+class Busy:
+    """How much the machine's other work got in the way of one measurement.
+
+    Attributes:
+        rounds: Rounds timed.
+        counted: Rounds that counted.
+        contended: Rounds in which this process's threads waited for a core beyond ``Protocol.busy_wait``.
+        others: Share of the usable cores that other work took over the measurement (None: Linux's accounting
+            could not be read, or the measurement was too short to read it).
+        waited: This process's run-queue wait per wall second over the measurement (None: as above).
+        cpus: The cores accounted, as a user reads them (``0-1``).
+        quiet: Enough rounds counted; False when the measurement ran out of patience without them and timed
+            each runner by its own fastest runs (``_from_floors``): the machine was too busy for a paired ratio.
+    """
+
+    rounds: int
+    counted: int
+    contended: int
+    others: float | None
+    waited: float | None
+    cpus: str
+    quiet: bool
+
+    @property
+    def shared(self) -> bool:
+        """Other work took time from the timed threads in at least one round, or the measurement never settled."""
+        return self.contended > 0 or not self.quiet
+
+    def describe(self) -> str:
+        """One line for the user: how busy, and what the measurement did about it."""
+        took = "" if self.others is None else f"other processes took {self.others:.0%} of cores {self.cpus}; "
+        what = (
+            f"{took}the timed threads waited for a core in {self.contended} of {self.rounds} rounds"
+            if self.waited is not None
+            else "Linux's accounting could not be read"
+        )
+        if not self.quiet and self.contended * 2 < self.rounds:  # no other process to blame: the pace moved
+            return (
+                f"no quiet rounds: the plans' pace moved from round to round ({what}); each plan was timed by its "
+                "fastest runs, a less certain figure"
+            )
+        if not self.quiet:
+            return (
+                f"the machine was too busy to measure ({what}); each plan was timed by its fastest runs, "
+                "a less certain figure"
+            )
+        return f"the machine was busy ({what}); timings extended to {self.counted} quiet rounds"
+
+    def to_dict(self) -> dict[str, float | int | str | bool | None]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Busy:
+        """The inverse of ``to_dict``."""
+        return cls(**data)
+
+    @classmethod
+    def merged(cls, measurements: Sequence[Busy | None]) -> Busy | None:
+        """One figure for several measurements of a command or run: rounds summed, shares weighted by rounds."""
+        known = [busy for busy in measurements if busy is not None]
+        if not known:
+            return None
+        rounds = sum(busy.rounds for busy in known)
+
+        def weighted(name: str) -> float | None:
+            readable = [busy for busy in known if getattr(busy, name) is not None]
+            if not readable:
+                return None
+            total = sum(busy.rounds for busy in readable)
+            return sum(getattr(busy, name) * busy.rounds for busy in readable) / max(1, total)
+
+        return cls(
+            rounds,
+            sum(busy.counted for busy in known),
+            sum(busy.contended for busy in known),
+            weighted("others"),
+            weighted("waited"),
+            known[0].cpus,
+            all(busy.quiet for busy in known),
+        )

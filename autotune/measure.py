@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from autotune.interference import Reading, Sampler, describe_cpus
+from autotune.interference import Busy, Reading, Sampler, describe_cpus
 
 
 @dataclass(frozen=True)
@@ -128,90 +128,6 @@ class ReferencePace:
         if band is None:
             return list(range(len(reference_rounds_ms)))
         return [i for i, ms in enumerate(reference_rounds_ms) if ms <= self.fastest_ms * (1.0 + band)]
-
-
-@dataclass(frozen=True)
-class Busy:
-    """How much the machine's other work got in the way of one measurement.
-
-    Attributes:
-        rounds: Rounds timed.
-        counted: Rounds that counted.
-        contended: Rounds in which this process's threads waited for a core beyond ``Protocol.busy_wait``.
-        others: Share of the usable cores that other work took over the measurement (None: Linux's accounting
-            could not be read, or the measurement was too short to read it).
-        waited: This process's run-queue wait per wall second over the measurement (None: as above).
-        cpus: The cores accounted, as a user reads them (``0-1``).
-        quiet: Enough rounds counted; False when the measurement ran out of patience without them and timed
-            each runner by its own fastest runs (``_from_floors``): the machine was too busy for a paired ratio.
-    """
-
-    rounds: int
-    counted: int
-    contended: int
-    others: float | None
-    waited: float | None
-    cpus: str
-    quiet: bool
-
-    @property
-    def shared(self) -> bool:
-        """Other work took time from the timed threads in at least one round, or the measurement never settled."""
-        return self.contended > 0 or not self.quiet
-
-    def describe(self) -> str:
-        """One line for the user: how busy, and what the measurement did about it."""
-        took = "" if self.others is None else f"other processes took {self.others:.0%} of cores {self.cpus}; "
-        what = (
-            f"{took}the timed threads waited for a core in {self.contended} of {self.rounds} rounds"
-            if self.waited is not None
-            else "Linux's accounting could not be read"
-        )
-        if not self.quiet and self.contended * 2 < self.rounds:  # no other process to blame: the pace moved
-            return (
-                f"no quiet rounds: the plans' pace moved from round to round ({what}); each plan was timed by its "
-                "fastest runs, a less certain figure"
-            )
-        if not self.quiet:
-            return (
-                f"the machine was too busy to measure ({what}); each plan was timed by its fastest runs, "
-                "a less certain figure"
-            )
-        return f"the machine was busy ({what}); timings extended to {self.counted} quiet rounds"
-
-    def to_dict(self) -> dict[str, float | int | str | bool | None]:
-        """A JSON-ready dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Busy:
-        """The inverse of ``to_dict``."""
-        return cls(**data)
-
-    @classmethod
-    def merged(cls, measurements: Sequence[Busy | None]) -> Busy | None:
-        """One figure for several measurements of a command or run: rounds summed, shares weighted by rounds."""
-        known = [busy for busy in measurements if busy is not None]
-        if not known:
-            return None
-        rounds = sum(busy.rounds for busy in known)
-
-        def weighted(name: str) -> float | None:
-            readable = [busy for busy in known if getattr(busy, name) is not None]
-            if not readable:
-                return None
-            total = sum(busy.rounds for busy in readable)
-            return sum(getattr(busy, name) * busy.rounds for busy in readable) / max(1, total)
-
-        return cls(
-            rounds,
-            sum(busy.counted for busy in known),
-            sum(busy.contended for busy in known),
-            weighted("others"),
-            weighted("waited"),
-            known[0].cpus,
-            all(busy.quiet for busy in known),
-        )
 
 
 @dataclass(frozen=True)
@@ -410,13 +326,16 @@ def _rounds(
         describe_cpus(sampler.cpus),
         quiet,
     )
-    if not quiet:
-        return _from_floors(blocks, protocol.rounds, busy)
+    return _paired(blocks, rows, busy) if quiet else _from_floors(blocks, protocol.rounds, busy)
+
+
+def _paired(blocks: list[list[list[float]]], rows: list[int], busy: Busy) -> list[Latency]:
+    """Each candidate against the reference over the rounds ``rows``: pooled medians, and a ratio per round."""
     reference = [blocks[0][i] for i in rows]
     reference_median, reference_iqr = _stats([ms for block in reference for ms in block])
     latencies = []
-    for runner in range(1, len(runners)):
-        candidate = [blocks[runner][i] for i in rows]
+    for runner_blocks in blocks[1:]:
+        candidate = [runner_blocks[i] for i in rows]
         median, iqr = _stats([ms for block in candidate for ms in block])
         ratios = tuple(float(np.median(r) / np.median(c)) for r, c in zip(reference, candidate, strict=True))
         latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios, busy))

@@ -36,6 +36,7 @@ class RunMeta:
             the calibration took beyond ``trial_process.fp32_build`` where ONNX Runtime calibrates beside the
             build, and all of it where the backend gathers the statistics on its device after the build.
         time_s: Where the last session's wall time went: ``setup``, ``search``, ``confirmation``, ``export``.
+        confirmation_cut: What the last session's confirmation gave up to fit ``budget.minutes``, or None.
     """
 
     strategy: str | None = None
@@ -47,6 +48,7 @@ class RunMeta:
     setup_s: float | None = None
     setup_stages_s: dict[str, float] = field(default_factory=dict)
     time_s: dict[str, float] = field(default_factory=dict)
+    confirmation_cut: str | None = None
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

@@ -47,7 +47,7 @@ class TrialResult:
             backend has such a timer, else None. ``latency_ms`` times one launch at a time.
         reference_back_to_back_ms: FP32's, timed the same way in the same call.
         split: The data the accuracy was measured on.
-        busy: How much other work got in the way of the timing (``autotune.measure.Busy.to_dict``); None where
+        busy: How much other work got in the way of the timing (``autotune.interference.Busy.to_dict``); None where
             nothing was timed or read.
         artifact: Path of the built model, when it was kept.
         created_at: Unix time of the measurement.

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.agent import run_agent
 from autotune.api import analyze, check_data, references
-from autotune.backends import searching_references
 from autotune.config import ConfigError, TuneConfig
+from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.files import write_json
 from autotune.harness import Evaluator
-from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize, RunDeadline, TrialCosts
+from autotune.harness.deadline import RunDeadline, TrialCosts
 from autotune.harness.memory import (
     KEY_META,
     check_comparable,
@@ -26,246 +27,23 @@ from autotune.harness.memory import (
 from autotune.harness.prepare import Stages
 from autotune.harness.process import ChildRunner
 from autotune.harness.selfcheck import (
-    check_confirmation_timing,
     check_search_timing,
-    confirmation_noise,
     confirmation_rounds,
     say,
-    summary_fields,
     with_measured_noise,
 )
-from autotune.measure import Busy
+from autotune.interference import Busy
 from autotune.model import LoadedModel
 from autotune.monitor import RunMonitor
-from autotune.plan import INT8_SCHEME_KNOB, PRECISIONS, KnobValue, Plan
+from autotune.plan import PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.runmeta import RunMeta
 from autotune.search.driver import Driver, search_with_seeds, seeded_space
-from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
-from autotune.search.reward import meets_budget
-from autotune.search.select import confirmation_order, expected_speedups, profile_speedups, ranking
+from autotune.search.estimate import RefittedEstimates
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import SEARCHES, Fixed
 from autotune.store import TrialStore
-from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
-
-
-def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: int | None = None) -> list[TrialResult]:
-    """Confirms each plan once per run (a resumed run reuses earlier confirmations); the new ones side by side."""
-    done = {**store.confirmations(), **{r.plan_hash: r for r in store.references().values()}}
-    fresh = [plan for plan in plans if plan.hash not in done]
-    if fresh:
-        done.update((result.plan_hash, result) for result in evaluator.confirm_side_by_side(fresh, rounds))
-    return [done[plan.hash] for plan in plans]
-
-
-def finalist_order(
-    trials: Sequence[TrialResult],
-    config: TuneConfig,
-    fp32: Plan,
-    runtime_shares: Mapping[str, float] | None = None,
-    knob_defaults: Mapping[str, KnobValue] | None = None,
-) -> tuple[list[Plan], dict[str, float]]:
-    """A run's measured plans in the order they are confirmed (the first ``confirm.top_k`` are the finalists).
-
-    Ranked by what the plans are expected to hold, not by one short measurement each: with the FP32 profile's
-    runtime shares, by the additive model whose per-layer savings are the profile's (``PROFILE_WEIGHT``), alone;
-    without them, by the mean of each plan's measurement and a model fitted from zero
-    (:func:`autotune.search.select.expected_speedups`). FP32 is left out (it is confirmed as the reference).
-
-    Args:
-        trials: The run's trials.
-        config: The run's config.
-        fp32: The FP32 reference's plan.
-        runtime_shares: Layer name to its share of FP32 runtime (layers the profile did not time left out).
-        knob_defaults: Each knob's default, which the model gives no term, as in the search; None: ``fp32``'s knobs
-            (a backend that builds its reference at other values says so in ``fp32_reference_knobs``).
-
-    Returns:
-        The plans in order, and each measured plan's expected speedup by hash.
-    """
-    defaults = dict(fp32.knobs) if knob_defaults is None else dict(knob_defaults)
-    expected = profile_speedups(trials, defaults, runtime_shares, tuple(fp32.precision_map)) if runtime_shares else None
-    if expected is None:
-        expected = expected_speedups(trials, fit_surrogate(trials, defaults, ACCURACY_KNOBS))
-    order = [r.plan for r in confirmation_order(trials, config, expected) if r.plan_hash != fp32.hash]
-    return order, expected
-
-
-def confirm_finalists(
-    evaluator: Evaluator,
-    store: TrialStore,
-    config: TuneConfig,
-    fp32: Plan,
-    one_liners: Sequence[Plan] = (),
-    runtime_shares: Mapping[str, float] | None = None,
-    size: ConfirmationSize | None = None,
-    knob_defaults: Mapping[str, KnobValue] | None = None,
-) -> list[TrialResult]:
-    """Confirms the best bets, FP32 and the backend's one-liners side by side, in the same rounds.
-
-    The winner is the fastest finalist, so the finalists are timed together: machine drift between passes then
-    falls on all of them alike instead of deciding which one wins; the one-liners are timed beside them by the
-    same harness. While no finalist meets the budget on held-out data, and time is left for it, goes on down the
-    list, up to as many more (each confirmed alone). A one-liner is stored apart from the finalists and never
-    exported.
-
-    Args:
-        evaluator: The run's evaluator.
-        store: The run's store.
-        config: The run's config.
-        fp32: The FP32 reference's plan, confirmed beside the finalists.
-        one_liners: The backend's one-liners to time beside them.
-        runtime_shares: Layer name to its share of FP32 runtime (``finalist_order``).
-        size: How many finalists and one-liners, in how many rounds (``RunDeadline.size_confirmation``); None:
-            ``confirm.top_k`` finalists, every one-liner given, ``confirm.rounds``, with time for more.
-        knob_defaults: Each knob's default (``finalist_order``).
-
-    Returns:
-        The finalists' and FP32's confirmations (not the one-liners').
-    """
-    order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares, knob_defaults)
-    size = size or ConfirmationSize(config.confirm.top_k, len(one_liners), config.confirm.rounds, spare=True)
-    if size.finalists == 0:  # no time for any finalist: FP32 alone, the fewest rounds, is what gets exported
-        return confirm(evaluator, store, [fp32], MIN_CONFIRM_ROUNDS)
-    rounds = None if size.rounds == config.confirm.rounds else size.rounds
-    finalists = [*order[: size.finalists], fp32]
-    one_liners = list(one_liners)[: size.references]
-    confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
-    confirmed = check_confirmation_timing(evaluator, store, config, confirmed, fp32, one_liners, rounds, size.spare)
-    for plan in order[size.finalists : 2 * size.finalists] if size.spare else ():
-        if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
-            break
-        confirmed += confirm(evaluator, store, [plan], rounds)
-    return confirmed
-
-
-def one_liner_plans(evaluator: Evaluator, layers: list[str]) -> list[Plan]:
-    """The reference plans of the backend's one-liners that ``confirm.references`` asks for (default all).
-
-    By default a run bounded by ``budget.minutes`` leaves out the one-liners whose build is a search of its own
-    (``Backend.searching_references``), saying so in one line: one of them took longer than the whole run.
-    """
-    config = evaluator.config
-    wanted = config.confirm.references  # None: every one the backend offers
-    names = [name for name in evaluator.references() if wanted is None or name in wanted]
-    slow = [
-        n for n in names if wanted is None and config.budget.minutes and n in searching_references(config.backend.name)
-    ]
-    if slow:
-        say(
-            f"budget.minutes is set: {', '.join(slow)} (a search of its own, minutes to build) is not timed beside "
-            "the finalists; name it in confirm.references to time it"
-        )
-    return [Plan.reference_plan(layers, name) for name in names if name not in slow]
-
-
-def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: float) -> dict[str, Any]:
-    """The one-liners measured in a run beside its winner, for the summary.
-
-    Returns:
-        ``references`` (name to metrics, status and error), ``best_reference`` (the fastest one-liner within the
-        accuracy budget, or None), ``winner_over_best_reference`` (the winner's speedup over FP32 divided by that
-        one-liner's: one launch at a time), ``winner_over_best_reference_back_to_back`` (the fastest one-liner
-        within the budget back to back, its latency per launch over the winner's; None where the backend has no
-        such timer) and ``reference_note``: one line when a one-liner within the budget is faster than the
-        winner, else None. The winner is exported either way: the user decides.
-    """
-    references = store.references()
-    rows = {
-        name: {"plan_hash": r.plan.hash, "status": r.status, "error": r.error, **_metrics(r)}
-        for name, r in references.items()
-    }
-    within = [(name, r) for name, r in references.items() if meets_budget(r, accuracy_budget) and r.speedup]
-    best = max(within, key=lambda item: item[1].speedup, default=None)
-    note = None
-    one_launch = None
-    if best is not None:
-        name, result = best
-        one_launch = ratio(result, winner, ONE_LAUNCH) or 0.0
-        if result.speedup > (winner.speedup or 0.0):
-            note = (
-                f"the one-liner {name} beats the winner within the accuracy budget ({result.speedup:.2f}x against "
-                f"{winner.speedup or 0.0:.2f}x over FP32, held-out data); the winner is exported as ranked: "
-                f"compare them with `autotune evaluate CONFIG --plan {name}`"
-            )
-    # Back to back the fastest one-liner within the budget may be another than one launch at a time.
-    back_to_back = [ratio(r, winner, BACK_TO_BACK) for _, r in within]
-    back_to_back = [value for value in back_to_back if value is not None]
-    return {
-        "references": rows,
-        "best_reference": best[0] if best else None,
-        "winner_over_best_reference": one_launch,
-        "winner_over_best_reference_back_to_back": min(back_to_back, default=None),
-        "reference_note": note,
-    }
-
-
-def export_ranked(
-    run: RunDir, config: TuneConfig, evaluator: Evaluator, store: TrialStore, rank: int = 1, out_dir: Path | None = None
-) -> dict[str, Any]:
-    """Writes the plan of a given confirmation rank: deployable model, ``plan.json`` and ``summary.json``.
-
-    The summary's ``ranking`` lists every confirmed plan of the store, best first.
-
-    Raises:
-        ConfigError: No confirmed plan has that rank.
-    """
-    confirmed = ranking(list(store.confirmations().values()), config.accuracy_budget, confirmation_noise(store))
-    within = [r for r in confirmed if meets_budget(r, config.accuracy_budget)]
-    if not 1 <= rank <= len(within):
-        raise ConfigError(f"rank {rank} does not exist: {len(within)} confirmed plans meet the accuracy budget")
-    chosen = within[rank - 1]
-    out_dir = out_dir or run.best
-    files = evaluator.export(chosen.plan, out_dir)
-    write_json(out_dir / "plan.json", chosen.plan.to_dict())
-    meta = RunMeta.read(store)
-    reference = store.confirmations().get(str(meta.fp32_plan_hash or ""))
-    summary = {
-        "rank": rank,
-        "plan_hash": chosen.plan.hash,
-        "plan": chosen.plan.describe(),
-        "files": files,
-        "winner": _metrics(chosen),
-        "fp32_reference": _metrics(reference) if reference else None,
-        **reference_rows(store, chosen, config.accuracy_budget),
-        "accuracy_budget": config.accuracy_budget,
-        "metric": config.metric.name,
-        "builds": store.builds(),
-        "imported_trials": len(store.imported()),
-        "cache_hits": int(meta.cache_hits),
-        "free_knobs": meta.free_knobs,
-        "wall_s": float(meta.wall_s),
-        "setup_s": meta.setup_s,
-        "setup_stages_s": meta.setup_stages_s,
-        "machine": (store.get_meta(KEY_META, {}) or {}).get("machine"),
-        "int8_arithmetic": _int8_arithmetic(evaluator, chosen.plan),
-        "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
-        **summary_fields(store),
-    }
-    write_json(out_dir / "summary.json", summary)
-    return summary
-
-
-def _metrics(result: TrialResult) -> dict[str, Any]:
-    return {
-        "split": result.split,
-        "speedup": result.speedup,
-        "latency_ms": result.latency_ms,
-        "latency_iqr_ms": result.latency_iqr_ms,
-        "reference_latency_ms": result.reference_latency_ms,
-        "accuracy": result.accuracy,
-        "reference_accuracy": result.reference_accuracy,
-        "accuracy_drop": result.accuracy_drop,
-        "fidelity": result.fidelity,
-        "protocol": result.protocol,
-        "back_to_back_ms": result.back_to_back_ms,
-        "reference_back_to_back_ms": result.reference_back_to_back_ms,
-        # A one-liner's build is the plain compile of the users' module, beside which a trial build's cost reads
-        "build_s": result.build_s,
-        "build_stages_s": result.build_stages_s,
-    }
-
+from autotune.trial import TrialResult
 
 STRATEGIES: tuple[str, ...] = ("ppo", "planner", *SEARCHES, *PRECISIONS)
 """Every strategy ``tune`` runs, and so ``autotune baseline --strategy`` offers: the agent (the PPO policy with the
@@ -398,12 +176,7 @@ def tune(
             check_comparable(config.from_runs, key)
             run = RunDir.create(config)
         with TrialStore(run.store) as store:
-            if resume_dir is not None:
-                check_resumable(store, key, resume_dir)  # another machine or runtime: refused in one line
-                strategy = RunMeta.read(store).strategy or strategy
-            else:
-                store.set_meta(KEY_META, key)
-                RunMeta.write(store, strategy=strategy, imported_from=import_runs(store, config.from_runs, key))
+            strategy = _open_run(store, config, key, resume_dir, strategy)
             monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
             monitor.seed(list(store.trials()))
             try:
@@ -411,9 +184,8 @@ def tune(
                     evaluator = Evaluator(config, store, isolate=isolate, started=trial_process)
                 with evaluator:
                     stage.seconds.update({f"trial_process.{k}": v for k, v in evaluator.setup_stages_s.items()})
-                    summary = _search_and_confirm(
-                        run, config, space, evaluator, monitor, strategy, resume_dir, stage, deadline
-                    )
+                    session = _Session(run, config, evaluator, monitor, stage, deadline)
+                    summary = _search_and_confirm(session, space, strategy, resume_dir is not None)
             finally:
                 monitor.close()
     finally:
@@ -421,6 +193,16 @@ def tune(
             trial_process.stop()  # the evaluator stopped it already, unless the run ended before one took it
     write_json(run.summary, summary)
     return summary
+
+
+def _open_run(store: TrialStore, config: TuneConfig, key: dict, resume_dir: Path | None, strategy: str) -> str:
+    """Checks a resumed run's store against this machine, or records a new run's key; the strategy to run."""
+    if resume_dir is not None:
+        check_resumable(store, key, resume_dir)  # another machine or runtime: refused in one line
+        return RunMeta.read(store).strategy or strategy
+    store.set_meta(KEY_META, key)
+    RunMeta.write(store, strategy=strategy, imported_from=import_runs(store, config.from_runs, key))
+    return strategy
 
 
 def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stages) -> tuple[LoadedModel, SearchSpace]:
@@ -452,79 +234,132 @@ def _check_request(config: TuneConfig, space: SearchSpace, strategy: str) -> Non
             )
 
 
-def _search_and_confirm(
-    run: RunDir,
-    config: TuneConfig,
-    space: SearchSpace,
-    evaluator: Evaluator,
-    monitor: RunMonitor,
-    strategy: str,
-    resume_dir: Path | None,
-    stage: Stages,
-    deadline: RunDeadline,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Session:
+    """What one session of a run works with, from the trial process's start to the export."""
+
+    run: RunDir
+    config: TuneConfig
+    evaluator: Evaluator
+    monitor: RunMonitor
+    stage: Stages
+    deadline: RunDeadline
+
+    @property
+    def store(self) -> TrialStore:
+        """The run's store."""
+        return self.evaluator.store
+
+
+def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, resumed: bool) -> dict[str, Any]:
     """The search through the driver (its wall time kept, even on Ctrl-C), then the confirmation and the export.
 
-    ``stage`` holds the set-up's stages so far; the timing self-check is the last, then the set-up is recorded.
-    The search, the confirmation and the export share what ``deadline`` leaves (``autotune.harness.deadline``).
+    ``session.stage`` holds the set-up's stages so far; the timing self-check is the last, then the set-up is
+    recorded. The search, the confirmation and the export share what ``session.deadline`` leaves
+    (``autotune.harness.deadline``).
     """
-    store = evaluator.store
+    config, evaluator, store, deadline = session.config, session.evaluator, session.store, session.deadline
     wall_before = RunMeta.read(store).wall_s
     fp32 = evaluator.fp32_plan()  # the reference's own plan: the self-checks time the reference against itself
-    with stage("timing_self_check"):
+    with session.stage("timing_self_check"):
         search_check = check_search_timing(evaluator, store, fp32)
     setup_s = deadline.clock() - deadline.started
-    RunMeta.write(store, setup_s=setup_s, setup_stages_s=dict(stage.seconds))
-    searched = with_measured_noise(config, search_check)
+    RunMeta.write(store, setup_s=setup_s, setup_stages_s=dict(session.stage.seconds))
     one_liners = one_liner_plans(evaluator, space.layer_names)
-    rounds = confirmation_rounds(config, search_check) or config.confirm.rounds
-    runs = config.measure.warmup + config.confirm.repeats
+    confirmation = _ConfirmationShape(
+        config.confirm.top_k + len(one_liners),
+        confirmation_rounds(config, search_check) or config.confirm.rounds,
+        config.measure.warmup + config.confirm.repeats,
+    )
     try:
-        harness = MonitoredHarness(evaluator, monitor)
-        driver = Driver.for_config(harness, searched)
-
-        def leave_time_for_the_confirmation() -> None:
-            costs = TrialCosts.of(list(store.trials()))
-            left = deadline.search_left_s(costs, config.confirm.top_k + len(one_liners), rounds, runs)
-            if driver.deadline is not None or left != float("inf"):
-                driver.deadline = driver.clock() + left
-
-        harness.landed = leave_time_for_the_confirmation
-        leave_time_for_the_confirmation()
-        fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
-        if driver.out_of_time:
-            say(
-                f"the search stopped at budget.minutes={config.budget.minutes:g} after {driver.builds} of "
-                f"{config.budget.builds} builds, leaving time to confirm the finalists"
-            )
+        fixed = _timed_search(
+            session, space, strategy, resumed, with_measured_noise(config, search_check), confirmation
+        )
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
         RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started)
-    search_s = deadline.clock() - deadline.started - setup_s
     RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)
-    shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
-    size = deadline.size_confirmation(
-        TrialCosts.of(list(store.trials())), config.confirm.top_k, len(one_liners), rounds, runs
-    )
-    if size.note:
-        say(size.note)
-    confirmed_at = deadline.clock()
-    confirm_finalists(evaluator, store, config, fp32, one_liners, shares, size, dict(space.plan().knobs))
-    exported_at = deadline.clock()
-    times = {"setup": setup_s, "search": search_s, "confirmation": exported_at - confirmed_at}
-    RunMeta.write(store, wall_s=wall_before + exported_at - deadline.started, time_s=times)
-    # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
-    # resume) can outrank this run's finalists.
-    summary = export_ranked(run, config, evaluator, store)
-    times["export"] = deadline.clock() - exported_at
+    times = {"setup": setup_s, "search": deadline.clock() - deadline.started - setup_s}
+    summary = _confirm_and_export(session, space, fp32, one_liners, confirmation, times)
     RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started, time_s=times)
-    summary.update(_time_fields(store, deadline, size))
-    write_json(run.best / "summary.json", summary)
+    summary.update(_time_fields(store, deadline))
+    write_json(session.run.best / "summary.json", summary)
     winner = store.confirmations()[summary["plan_hash"]].plan
-    monitor.text("winner", _winner_markdown(summary, space, winner))
+    session.monitor.text("winner", _winner_markdown(summary, space, winner))
     return summary
 
 
-def _time_fields(store: TrialStore, deadline: RunDeadline, size: ConfirmationSize) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _ConfirmationShape:
+    """The confirmation a search leaves time for: plans beside FP32, rounds, and runs of each per round."""
+
+    plans: int
+    rounds: int
+    runs_per_round: int
+
+
+def _timed_search(
+    session: _Session,
+    space: SearchSpace,
+    strategy: str,
+    resumed: bool,
+    searched: TuneConfig,
+    confirmation: _ConfirmationShape,
+) -> dict[str, KnobValue]:
+    """The search, its driver's deadline moved after every trial to leave the confirmation the time it needs."""
+    config, deadline, store = session.config, session.deadline, session.store
+    harness = MonitoredHarness(session.evaluator, session.monitor)
+    driver = Driver.for_config(harness, searched)
+
+    def leave_time_for_the_confirmation() -> None:
+        costs = TrialCosts.of(list(store.trials()))
+        left = deadline.search_left_s(costs, confirmation.plans, confirmation.rounds, confirmation.runs_per_round)
+        if driver.deadline is not None or left != float("inf"):
+            driver.deadline = driver.clock() + left
+
+    harness.landed = leave_time_for_the_confirmation
+    leave_time_for_the_confirmation()
+    fixed = search(searched, space, driver, session.evaluator, session.run, strategy, resumed)
+    if driver.out_of_time:
+        say(
+            f"the search stopped at budget.minutes={config.budget.minutes:g} after {driver.builds} of "
+            f"{config.budget.builds} builds, leaving time to confirm the finalists"
+        )
+    return fixed
+
+
+def _confirm_and_export(
+    session: _Session,
+    space: SearchSpace,
+    fp32: Plan,
+    one_liners: list[Plan],
+    confirmation: _ConfirmationShape,
+    times: dict[str, float],
+) -> dict[str, Any]:
+    """The confirmation cut to the time left, then the export; adds their seconds to ``times``."""
+    config, store, deadline = session.config, session.store, session.deadline
+    shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
+    size = deadline.size_confirmation(
+        TrialCosts.of(list(store.trials())),
+        config.confirm.top_k,
+        len(one_liners),
+        confirmation.rounds,
+        confirmation.runs_per_round,
+    )
+    if size.note:
+        say(size.note)
+    started = deadline.clock()
+    confirm_finalists(session.evaluator, store, config, fp32, one_liners, shares, size, dict(space.plan().knobs))
+    times["confirmation"] = deadline.clock() - started
+    RunMeta.write(store, time_s=times, confirmation_cut=size.note)
+    # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
+    # resume) can outrank this run's finalists.
+    started = deadline.clock()
+    summary = export_ranked(session.run, config, session.evaluator, store)
+    times["export"] = deadline.clock() - started
+    return summary
+
+
+def _time_fields(store: TrialStore, deadline: RunDeadline) -> dict[str, Any]:
     """``wall_s`` (the whole run, export included), ``time_s`` (where it went) and the budget, for summary.json."""
     meta = RunMeta.read(store)
     wall = float(meta.wall_s)
@@ -533,19 +368,8 @@ def _time_fields(store: TrialStore, deadline: RunDeadline, size: ConfirmationSiz
         "time_s": {name: round(seconds, 2) for name, seconds in meta.time_s.items()},
         "time_shares": {name: round(seconds / wall, 3) for name, seconds in meta.time_s.items()} if wall else {},
         "time_budget_s": deadline.total_s,
-        "confirmation_cut": size.note,
+        "confirmation_cut": meta.confirmation_cut,
     }
-
-
-def _int8_arithmetic(evaluator: Evaluator, winner: Plan) -> dict[str, Any] | None:
-    """The backend's INT8 scheme and probe (``Evaluator.int8_arithmetic``), and the scheme the winner was built with.
-
-    Where a config searches ``int8_scheme`` the winner may run another exact scheme than the default.
-    """
-    arithmetic = evaluator.int8_arithmetic()
-    if arithmetic is None:
-        return None
-    return {**arithmetic, "winner_scheme": winner.knob(INT8_SCHEME_KNOB, arithmetic["scheme"])}
 
 
 def _winner_markdown(summary: dict[str, Any], space: SearchSpace, winner: Plan) -> str:

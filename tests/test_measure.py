@@ -459,7 +459,7 @@ def test_without_the_schedulers_accounting_the_wait_is_not_checked_and_nobody_sa
 
 
 def test_busy_figures_of_several_measurements_merge_weighted_by_rounds():
-    from autotune.measure import Busy
+    from autotune.interference import Busy
 
     merged = Busy.merged([Busy(4, 4, 0, 0.1, 0.0, "0-1", True), None, Busy(12, 4, 8, 0.5, 0.3, "0-1", False)])
     assert (merged.rounds, merged.counted, merged.contended, merged.quiet) == (16, 8, 8, False)
@@ -518,7 +518,7 @@ def test_where_no_round_is_quiet_each_runner_is_timed_by_its_own_fastest_runs():
 
 
 def test_a_measurement_without_quiet_rounds_and_without_other_processes_blames_the_pace_not_the_machine():
-    from autotune.measure import Busy
+    from autotune.interference import Busy
 
     unsteady = Busy(rounds=96, counted=4, contended=2, others=0.0, waited=0.0, cpus="0-1", quiet=False)
     assert unsteady.describe().startswith("no quiet rounds: the plans' pace moved from round to round")

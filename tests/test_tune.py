@@ -15,13 +15,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from autotune.api import analyze
 from autotune.capabilities import Capabilities, Knob
 from autotune.config import ConfigError, dump_config, load_config
+from autotune.confirm import finalist_order
 from autotune.harness.evaluator import Evaluator
 from autotune.plan import Plan
 from autotune.search.driver import Driver
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 from autotune.trial import TrialResult
-from autotune.tune import finalist_order, search, tune
+from autotune.tune import search, tune
 from tests.reliability.helpers import measure_counts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -253,9 +254,9 @@ def test_a_one_liner_that_fails_to_build_is_a_failed_result_and_the_run_goes_on(
 
 
 def test_the_summary_says_so_when_a_one_liner_beats_the_winner_within_the_budget(tmp_path):
+    from autotune.confirm import reference_rows
     from autotune.plan import Plan
     from autotune.trial import TrialResult
-    from autotune.tune import reference_rows
 
     layers = ["fc1", "fc2"]
     winner = TrialResult(plan=Plan.uniform(layers, "int8"), speedup=1.2, accuracy_drop=0.001, split="holdout")
@@ -282,7 +283,7 @@ def test_the_summary_says_so_when_a_one_liner_beats_the_winner_within_the_budget
 
 
 def test_the_back_to_back_ratio_is_the_fastest_one_liner_within_the_budget_over_the_winner(tmp_path):
-    from autotune.tune import reference_rows
+    from autotune.confirm import reference_rows
 
     layers = ["fc1", "fc2"]
     winner = TrialResult(plan=Plan.uniform(layers, "fp8"), speedup=2.0, accuracy_drop=0.001, back_to_back_ms=4.0)

@@ -13,7 +13,8 @@ from typing import Any
 
 from autotune.config import TuneConfig
 from autotune.harness.evaluator import Evaluator
-from autotune.measure import SELF_CHECK_BAND, Busy, SelfCheck
+from autotune.interference import Busy
+from autotune.measure import SELF_CHECK_BAND, SelfCheck
 from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.trial import TrialResult

@@ -1,6 +1,6 @@
 """Which plans a finished run would confirm today: its finalists, chosen from its store by the current rule.
 
-The finalist rule (``autotune.tune.finalist_order``) can change after a run has ended; this writes, per store, the
+The finalist rule (``autotune.confirm.finalist_order``) can change after a run has ended; this writes, per store, the
 ``confirm.top_k`` plans it picks now as plan files, so they can be confirmed side by side with
 ``autotune evaluate --split holdout --plan FILE ...`` without building a search trial again.
 
@@ -26,7 +26,7 @@ from autotune.files import write_json  # noqa: E402
 from autotune.harness.memory import lent_runtime_shares, stored_runtime_shares  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402
-from autotune.tune import finalist_order  # noqa: E402
+from autotune.confirm import finalist_order  # noqa: E402
 
 
 def named_store(argument: str) -> tuple[str, Path]:

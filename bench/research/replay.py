@@ -29,7 +29,7 @@ stores' run meta (``prior_inputs``), else from the layerwise calibration cache o
 profile.
 
 Then the confirmed winners, which is what a real benchmark compares: each run's finalists are chosen by the run's
-own rule (``autotune.tune.finalist_order`` on the noisy trials it built, the bolder place included) and confirmed
+own rule (``autotune.confirm.finalist_order`` on the noisy trials it built, the bolder place included) and confirmed
 as a real run confirms them, on held-out data: the simulator's speedup with ``--confirm-noise``, and its drop
 times the held-out-to-search drop ratio of the stores' own confirmations (their median, with their spread per
 plan). The winner is the fastest confirmed finalist within the accuracy budget; the table gives its simulated
@@ -65,7 +65,7 @@ from autotune.search.select import PROFILE_WEIGHT, ranking
 from autotune.search.strategies import SEARCHES
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
-from autotune.tune import finalist_order
+from autotune.confirm import finalist_order
 
 TARGET = 0.98
 """The fraction of the simulator's greedy result a strategy is timed to reach."""
@@ -152,7 +152,7 @@ def confirmed_winner(
 ) -> dict:
     """The run's winner as a real run picks it: its finalists confirmed on simulated held-out data.
 
-    Follows ``autotune.tune.confirm_finalists``: the first ``confirm.top_k`` plans of the run's finalist order, then
+    Follows ``autotune.confirm.confirm_finalists``: the first ``confirm.top_k`` plans of the run's finalist order, then
     down the list (up to ``top_k`` more) while none meets the accuracy budget; the winner is the fastest confirmed
     plan within it.
 

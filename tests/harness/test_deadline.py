@@ -130,7 +130,7 @@ class _OpenVINOEvaluator:
     ],
 )
 def test_a_run_with_minutes_leaves_out_the_one_liners_that_search_unless_asked(tmp_path, capsys, minutes, asked, timed):
-    from autotune.tune import one_liner_plans
+    from autotune.confirm import one_liner_plans
 
     config = tiny_config(tmp_path, budget={"builds": 5, "minutes": minutes}, backend={"name": "openvino"})
     config = config.model_copy(update={"confirm": config.confirm.model_copy(update={"references": asked})})
