@@ -249,5 +249,5 @@ class Optuna:
 
 SEARCHES: dict[str, type[Random] | type[Greedy] | type[Optuna]] = {"random": Random, "greedy": Greedy, "optuna": Optuna}
 """The search strategies by name, each made as ``SEARCHES[name](space, config, workers)``; each precision is a
-strategy too (:class:`Fixed`), and the agent's planner and policy live above them (``autotune.agent``):
+strategy too (:class:`Fixed`), and the agent's planner and policy live above them (``autotune.search.agent``):
 ``autotune.tune.STRATEGIES`` lists them all."""

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.agent import run_agent
+from autotune.search.agent import run_agent
 from autotune.api import analyze
 from autotune.config import load_config
 from autotune.harness.memory import PRIOR_META

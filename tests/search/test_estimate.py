@@ -101,7 +101,7 @@ def test_surrogate_falls_back_to_the_pooled_drop_for_a_rare_setting():
 
 
 def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
-    from autotune.agent import train
+    from autotune.search.agent import train
     from autotune.search.driver import Driver, OneByOne
 
     def _driver(config, evaluate, builds):

@@ -1,11 +1,11 @@
-"""Tests for autotune.agent beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
+"""Tests for autotune.search.agent beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autotune.agent import LATEST, imitate, train
+from autotune.search.agent import LATEST, imitate, train
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.driver import Driver, OneByOne
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
@@ -181,7 +181,7 @@ def test_imitation_makes_the_policys_likeliest_plan_the_given_one():
 
 @pytest.mark.parametrize("target", [0.9, 0.0])
 def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehearsal(tmp_path, monkeypatch, target):
-    from autotune import agent
+    from autotune.search import agent
 
     calls = []
 
@@ -270,7 +270,7 @@ def test_ctrl_c_during_a_checkpoint_save_waits_for_the_save_then_interrupts(tmp_
     import os
     import signal
 
-    from autotune import agent
+    from autotune.search import agent
 
     class Model:
         def save(self, path):
@@ -291,7 +291,7 @@ def test_ctrl_c_during_a_checkpoint_save_waits_for_the_save_then_interrupts(tmp_
 
 
 def test_the_pace_gives_rehearsals_only_the_episodes_the_builds_time_pays_for():
-    from autotune.agent import ComputePace
+    from autotune.search.agent import ComputePace
 
     now = [0.0]
     pace = ComputePace(1.0, clock=lambda: now[0])
@@ -324,7 +324,7 @@ def test_the_pace_gives_rehearsals_only_the_episodes_the_builds_time_pays_for():
 
 
 def test_the_pace_counts_the_time_of_builds_side_by_side():
-    from autotune.agent import ComputePace
+    from autotune.search.agent import ComputePace
 
     now = [0.0]
     pace = ComputePace(1.0, clock=lambda: now[0])
