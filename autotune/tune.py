@@ -7,7 +7,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.search.agent import run_agent
 from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
@@ -38,12 +37,13 @@ from autotune.monitor import RunMonitor
 from autotune.plan import INT8_SCHEME_KNOB, PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.runmeta import RunMeta
-from autotune.search.driver import Driver, search_with_seeds, seeded_space
+from autotune.search.agent import AgentPaths, TrialModels
+from autotune.search.driver import Driver
 from autotune.search.estimate import ACCURACY_KNOBS, RefittedEstimates, fit_surrogate
+from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order, expected_speedups, profile_speedups, ranking
 from autotune.search.space import SearchSpace
-from autotune.search.strategies import SEARCHES, Fixed
 from autotune.store import TrialStore
 from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 
@@ -235,12 +235,6 @@ def _metrics(result: TrialResult) -> dict[str, Any]:
     }
 
 
-STRATEGIES: tuple[str, ...] = ("ppo", "planner", *SEARCHES, *PRECISIONS)
-"""Every strategy ``tune`` runs, and so ``autotune baseline --strategy`` offers: the agent (the PPO policy with the
-surrogate planner), the planner alone, the searches, and one uniform plan per precision (the usual "build with INT8
-enabled")."""
-
-
 class MonitoredHarness:
     """The run's evaluator as the driver's harness: every result goes to the monitor, store hits are counted."""
 
@@ -297,16 +291,13 @@ def search(
     Raises:
         ConfigError: The strategy is unknown.
     """
-    if strategy in PRECISIONS:
-        return search_with_seeds(driver, space, lambda _: Fixed(space, strategy), seeded=False)
-    if strategy in SEARCHES:
-        made = SEARCHES[strategy]
-        return search_with_seeds(driver, space, lambda fixed: made(fixed, config, driver.workers), made.independent)
-    if strategy not in ("ppo", "planner"):
-        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
-    space, fixed = seeded_space(driver, space)
-    if driver.exhausted():
-        return fixed
+    paths = None if run is None else AgentPaths(run.tensorboard, run.checkpoints, resume)
+    models = lambda seeded: _trial_models(config, seeded, evaluator)  # noqa: E731
+    return run_strategy(strategy, driver, space, SearchInputs(config, driver.workers, models, paths))
+
+
+def _trial_models(config: TuneConfig, space: SearchSpace, evaluator: Evaluator) -> TrialModels:
+    """The models of the store's trials for the agent and the planner, from per-layer priors with ``planner.priors``."""
     inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
     if inputs is not None:
         store_prior_inputs(evaluator.store, inputs)
@@ -318,11 +309,7 @@ def search(
         prior_inputs=inputs,
         prior_weight=config.planner.prior_weight,
     )
-    paths = {"tensorboard_dir": run.tensorboard, "checkpoints": run.checkpoints}
-    run_agent(
-        config, space, driver, fitted, inputs is not None, planner_only=strategy == "planner", resume=resume, **paths
-    )
-    return fixed
+    return TrialModels.refitted(fitted, inputs is not None)
 
 
 def tune(
@@ -441,7 +428,7 @@ def _search_and_confirm(
     RunMeta.write(store, setup_s=time.time() - started, setup_stages_s=dict(stage.seconds))
     searched = with_measured_noise(config, search_check)
     try:
-        driver = Driver.for_config(MonitoredHarness(evaluator, monitor), searched)
+        driver = Driver.for_budget(MonitoredHarness(evaluator, monitor), config.budget, space)
         fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
         if driver.out_of_time:
             say(

@@ -171,12 +171,12 @@ def test_no_module_over_600_lines(path):
 def test_the_cli_offers_the_strategies_and_precisions_the_api_takes():
     from autotune.cli import build_parser
     from autotune.plan import PRECISIONS
-    from autotune.tune import STRATEGIES
+    from autotune.search.registry import STRATEGIES
 
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
     strategy = next(a for a in commands["baseline"]._actions if a.dest == "strategy")
-    assert tuple(strategy.choices) == STRATEGIES
+    assert tuple(strategy.choices) == tuple(STRATEGIES)
     assert {"ppo", "planner", "random", "greedy", "optuna", *PRECISIONS} == set(STRATEGIES)
     plan_help = next(a for a in commands["evaluate"]._actions if a.dest == "plan").help
     assert all(precision in plan_help for precision in PRECISIONS)

@@ -414,7 +414,7 @@ class _RecordingHarness:
 
 def _search(config, space, harness, strategy):
     """The strategy's search with its seeds, driven over the fake harness; the free knobs fixed."""
-    return search(config, space, Driver.for_config(harness, config), None, None, strategy, False)
+    return search(config, space, Driver.for_budget(harness, config.budget), None, None, strategy, False)
 
 
 @pytest.mark.parametrize("strategy", ["random", "greedy"])
