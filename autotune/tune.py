@@ -11,16 +11,10 @@ from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
 from autotune.harness import Evaluator
-from autotune.harness.memory import (
-    KEY_META,
-    check_comparable,
-    check_resumable,
-    comparability_key,
-    import_runs,
-    prior_inputs,
-    store_prior_inputs,
-)
+from autotune.harness.earlier_runs import import_runs
+from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
 from autotune.harness.prepare import Stages
+from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.selfcheck import (
     check_confirmation_timing,
@@ -114,7 +108,7 @@ def confirm_finalists(
     top_k = config.confirm.top_k
     finalists = [*order[:top_k], fp32]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
-    confirmed = check_confirmation_timing(evaluator, store, config, confirmed, fp32, list(one_liners), rounds)
+    confirmed = check_confirmation_timing(evaluator, store, config.confirm, confirmed, fp32, list(one_liners), rounds)
     for plan in order[top_k : 2 * top_k]:
         if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break
@@ -298,7 +292,7 @@ def search(
 
 def _trial_models(config: TuneConfig, space: SearchSpace, evaluator: Evaluator) -> TrialModels:
     """The models of the store's trials for the agent and the planner, from per-layer priors with ``planner.priors``."""
-    inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
+    inputs = prior_inputs(config.metric.name, space, evaluator) if config.planner.priors else None
     if inputs is not None:
         store_prior_inputs(evaluator.store, inputs)
     fitted = RefittedEstimates(
@@ -440,7 +434,7 @@ def _search_and_confirm(
     RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)
     shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
     one_liners = one_liner_plans(evaluator, space.layer_names)
-    rounds = confirmation_rounds(config, search_check)
+    rounds = confirmation_rounds(config.confirm, search_check)
     confirm_finalists(evaluator, store, config, fp32, one_liners, shares, rounds, dict(space.plan().knobs))
     # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
     # resume) can outrank this run's finalists.

@@ -55,7 +55,7 @@ import numpy as np
 
 from autotune.api import analyze
 from autotune.config import load_config
-from autotune.harness.memory import PRIOR_META
+from autotune.harness.priors import PRIOR_META
 from autotune.search.agent import AgentPaths, TrialModels
 from autotune.search.design import model_best_plan
 from autotune.search.driver import Driver, OneByOne
