@@ -328,9 +328,12 @@ class BudgetConfig(_Strict):
     stall_episodes: int = Field(400, gt=0)
     """Stop early when this many plans in a row were all answered from the store (the search converged)."""
     minutes: float | None = Field(None, gt=0)
-    """Wall-clock minutes the search may build for in one session (``tune`` or ``resume``), whatever ``builds``
-    has left: a build started in time finishes, then the run goes on to the confirmation. Set-up and the
-    confirmation come on top. None: builds alone bound the search."""
+    """Wall-clock minutes one session (``tune`` or ``resume``) may take, set-up, search, confirmation and export
+    together, whatever ``builds`` has left. The search starts no build that would leave too little time for the
+    confirmation its trials so far say it needs; the confirmation is cut to the time left (fewer finalists, then
+    one-liners, then rounds, said in one line), and with none left FP32 is exported and the run says why. The
+    set-up (model analysis, calibration) is not cut: a run whose set-up took the time searches nothing.
+    ``summary.json`` says where the time went (``time_s``). None: builds alone bound the run."""
 
 
 class ConfirmConfig(_Strict):

@@ -20,7 +20,7 @@ class RunMeta:
     Attributes:
         strategy: The strategy the run searches with (a resumed run keeps it).
         imported_from: Earlier run directory to the trials imported from it (``--from``).
-        wall_s: Wall seconds of the search so far, summed over resumes.
+        wall_s: Wall seconds of the run so far (set-up, search, confirmation and export), summed over resumes.
         cache_hits: Plans the store answered without a build.
         free_knobs: The free knobs the uniform seeds fixed, name to value.
         fp32_plan_hash: The FP32 reference's plan (``Evaluator.fp32_plan``), confirmed as the FP32 row.
@@ -35,6 +35,7 @@ class RunMeta:
             ``trial_process`` is the run's wait for it after the analysis. ``trial_process.calibration`` is what
             the calibration took beyond ``trial_process.fp32_build`` where ONNX Runtime calibrates beside the
             build, and all of it where the backend gathers the statistics on its device after the build.
+        time_s: Where the last session's wall time went: ``setup``, ``search``, ``confirmation``, ``export``.
     """
 
     strategy: str | None = None
@@ -45,6 +46,7 @@ class RunMeta:
     fp32_plan_hash: str | None = None
     setup_s: float | None = None
     setup_stages_s: dict[str, float] = field(default_factory=dict)
+    time_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

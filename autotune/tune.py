@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
 from autotune.harness import Evaluator
+from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize, RunDeadline, TrialCosts
 from autotune.harness.earlier_runs import import_runs
 from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
 from autotune.harness.prepare import Stages
@@ -91,25 +92,43 @@ def confirm_finalists(
     fp32: Plan,
     one_liners: Sequence[Plan] = (),
     runtime_shares: Mapping[str, float] | None = None,
-    rounds: int | None = None,
+    size: ConfirmationSize | None = None,
     knob_defaults: Mapping[str, KnobValue] | None = None,
 ) -> list[TrialResult]:
-    """Confirms the ``confirm.top_k`` best bets, FP32 and the backend's one-liners side by side, in the same rounds.
+    """Confirms the best bets, FP32 and the backend's one-liners side by side, in the same rounds.
 
     The winner is the fastest finalist, so the finalists are timed together: machine drift between passes then
     falls on all of them alike instead of deciding which one wins; the one-liners are timed beside them by the
-    same harness. While no finalist meets the budget on held-out data, goes on down the list, up to ``top_k``
-    more (each confirmed alone). A one-liner is stored apart from the finalists and never exported.
+    same harness. While no finalist meets the budget on held-out data, and time is left for it, goes on down the
+    list, up to as many more (each confirmed alone). A one-liner is stored apart from the finalists and never
+    exported.
+
+    Args:
+        evaluator: The run's evaluator.
+        store: The run's store.
+        config: The run's config.
+        fp32: The FP32 reference's plan, confirmed beside the finalists.
+        one_liners: The backend's one-liners to time beside them.
+        runtime_shares: Layer name to its share of FP32 runtime (``finalist_order``).
+        size: How many finalists and one-liners, in how many rounds (``RunDeadline.size_confirmation``); None:
+            ``confirm.top_k`` finalists, every one-liner given, ``confirm.rounds``, with time for more.
+        knob_defaults: Each knob's default (``finalist_order``).
 
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
     order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares, knob_defaults)
-    top_k = config.confirm.top_k
-    finalists = [*order[:top_k], fp32]
+    size = size or ConfirmationSize(config.confirm.top_k, len(one_liners), config.confirm.rounds, spare=True)
+    if size.finalists == 0:  # no time for any finalist: FP32 alone, the fewest rounds, is what gets exported
+        return confirm(evaluator, store, [fp32], MIN_CONFIRM_ROUNDS)
+    rounds = None if size.rounds == config.confirm.rounds else size.rounds
+    finalists = [*order[: size.finalists], fp32]
+    one_liners = list(one_liners)[: size.references]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
-    confirmed = check_confirmation_timing(evaluator, store, config.confirm, confirmed, fp32, list(one_liners), rounds)
-    for plan in order[top_k : 2 * top_k]:
+    confirmed = check_confirmation_timing(
+        evaluator, store, config.confirm, confirmed, fp32, one_liners, rounds, size.spare
+    )
+    for plan in order[size.finalists : 2 * size.finalists] if size.spare else ():
         if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break
         confirmed += confirm(evaluator, store, [plan], rounds)
@@ -236,6 +255,7 @@ class MonitoredHarness:
         self.evaluator = evaluator
         self.monitor = monitor
         self.said: set[str] = set()  # what the run has told its user about a shared machine, once each
+        self.landed: Callable[[], None] = lambda: None  # called after each result is recorded
 
     @property
     def builds(self) -> int:
@@ -256,6 +276,7 @@ class MonitoredHarness:
                 RunMeta.count_cache_hit(store)
             else:
                 self._say_if_busy(result)
+            self.landed()
             yield result
 
     def _say_if_busy(self, result: TrialResult) -> None:
@@ -330,7 +351,7 @@ def tune(
         run, config = RunDir.open(resume_dir)
     elif config is None:
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
-    started = time.time()
+    deadline = RunDeadline(config.budget.minutes, time.time())
     stage = Stages()
     trial_process = Evaluator.start_early(config, isolate)  # loads the backend while this process analyses
     try:
@@ -359,7 +380,7 @@ def tune(
                 with evaluator:
                     stage.seconds.update({f"trial_process.{k}": v for k, v in evaluator.setup_stages_s.items()})
                     summary = _search_and_confirm(
-                        run, config, space, evaluator, monitor, strategy, resume_dir, started, stage
+                        run, config, space, evaluator, monitor, strategy, resume_dir, stage, deadline
                     )
             finally:
                 monitor.close()
@@ -407,41 +428,81 @@ def _search_and_confirm(
     monitor: RunMonitor,
     strategy: str,
     resume_dir: Path | None,
-    started: float,
     stage: Stages,
+    deadline: RunDeadline,
 ) -> dict[str, Any]:
     """The search through the driver (its wall time kept, even on Ctrl-C), then the confirmation and the export.
 
     ``stage`` holds the set-up's stages so far; the timing self-check is the last, then the set-up is recorded.
+    The search, the confirmation and the export share what ``deadline`` leaves (``autotune.harness.deadline``).
     """
     store = evaluator.store
     wall_before = RunMeta.read(store).wall_s
     fp32 = evaluator.fp32_plan()  # the reference's own plan: the self-checks time the reference against itself
     with stage("timing_self_check"):
         search_check = check_search_timing(evaluator, store, fp32)
-    RunMeta.write(store, setup_s=time.time() - started, setup_stages_s=dict(stage.seconds))
+    setup_s = deadline.clock() - deadline.started
+    RunMeta.write(store, setup_s=setup_s, setup_stages_s=dict(stage.seconds))
     searched = with_measured_noise(config, search_check)
+    one_liners = one_liner_plans(evaluator, space.layer_names)
+    rounds = confirmation_rounds(config.confirm, search_check) or config.confirm.rounds
+    runs = config.measure.warmup + config.confirm.repeats
     try:
-        driver = Driver.for_budget(MonitoredHarness(evaluator, monitor), config.budget, space)
+        harness = MonitoredHarness(evaluator, monitor)
+        driver = Driver.for_budget(harness, config.budget, space)
+
+        def leave_time_for_the_confirmation() -> None:
+            costs = TrialCosts.of(list(store.trials()))
+            left = deadline.search_left_s(costs, config.confirm.top_k + len(one_liners), rounds, runs)
+            if driver.deadline is not None or left != float("inf"):
+                driver.deadline = driver.clock() + left
+
+        harness.landed = leave_time_for_the_confirmation
+        leave_time_for_the_confirmation()
         fixed = search(searched, space, driver, evaluator, run, strategy, resume_dir is not None)
         if driver.out_of_time:
             say(
                 f"the search stopped at budget.minutes={config.budget.minutes:g} after {driver.builds} of "
-                f"{config.budget.builds} builds; the finalists are confirmed now"
+                f"{config.budget.builds} builds, leaving time to confirm the finalists"
             )
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
-        RunMeta.write(store, wall_s=wall_before + time.time() - started)
+        RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started)
+    search_s = deadline.clock() - deadline.started - setup_s
     RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)
     shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
-    one_liners = one_liner_plans(evaluator, space.layer_names)
-    rounds = confirmation_rounds(config.confirm, search_check)
-    confirm_finalists(evaluator, store, config, fp32, one_liners, shares, rounds, dict(space.plan().knobs))
+    size = deadline.size_confirmation(
+        TrialCosts.of(list(store.trials())), config.confirm.top_k, len(one_liners), rounds, runs
+    )
+    if size.note:
+        say(size.note)
+    confirmed_at = deadline.clock()
+    confirm_finalists(evaluator, store, config, fp32, one_liners, shares, size, dict(space.plan().knobs))
+    exported_at = deadline.clock()
+    times = {"setup": setup_s, "search": search_s, "confirmation": exported_at - confirmed_at}
+    RunMeta.write(store, wall_s=wall_before + exported_at - deadline.started, time_s=times)
     # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
     # resume) can outrank this run's finalists.
     summary = export_ranked(run, config, evaluator, store)
+    times["export"] = deadline.clock() - exported_at
+    RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started, time_s=times)
+    summary.update(_time_fields(store, deadline, size))
+    write_json(run.best / "summary.json", summary)
     winner = store.confirmations()[summary["plan_hash"]].plan
     monitor.text("winner", _winner_markdown(summary, space, winner))
     return summary
+
+
+def _time_fields(store: TrialStore, deadline: RunDeadline, size: ConfirmationSize) -> dict[str, Any]:
+    """``wall_s`` (the whole run, export included), ``time_s`` (where it went) and the budget, for summary.json."""
+    meta = RunMeta.read(store)
+    wall = float(meta.wall_s)
+    return {
+        "wall_s": wall,
+        "time_s": {name: round(seconds, 2) for name, seconds in meta.time_s.items()},
+        "time_shares": {name: round(seconds / wall, 3) for name, seconds in meta.time_s.items()} if wall else {},
+        "time_budget_s": deadline.total_s,
+        "confirmation_cut": size.note,
+    }
 
 
 def _int8_arithmetic(evaluator: Evaluator, winner: Plan) -> dict[str, Any] | None:

@@ -94,11 +94,13 @@ def check_confirmation_timing(
     fp32: Plan,
     one_liners: list[Plan],
     rounds: int | None,
+    may_widen: bool = True,
 ) -> list[TrialResult]:
     """Reads the confirmation's FP32 row as its self-check, and confirms everything once more where it must.
 
     Outside the band, or where the machine was too busy to measure a row (``TrialResult.too_busy``), the finalists
-    are confirmed again in wider rounds, and the run says so in one line.
+    are confirmed again in wider rounds, and the run says so in one line; where the run's time allows no second
+    confirmation (``may_widen`` False), the check is recorded and said, and the ratios within its noise are ties.
 
     Args:
         evaluator: The run's evaluator.
@@ -108,6 +110,7 @@ def check_confirmation_timing(
         fp32: The FP32 plan.
         one_liners: The backend's one-liners confirmed beside them.
         rounds: The rounds the confirmation was timed in (None: ``confirm.rounds``).
+        may_widen: The run has time for a second, wider confirmation (``RunDeadline.size_confirmation``).
 
     Returns:
         The confirmations to rank, in the order given.
@@ -121,7 +124,7 @@ def check_confirmation_timing(
     check = SelfCheck.of(row.speedup, row.round_speedups)
     used = rounds or confirm.rounds
     too_busy = busy_note(confirmed)
-    if (check.within_band and not too_busy) or used >= WIDENING * confirm.rounds:
+    if (check.within_band and not too_busy) or used >= WIDENING * confirm.rounds or not may_widen:
         _store(store, confirmation=check.to_dict(), widened_rounds=rounds)
         if not check.within_band:
             say(note(check, "confirmation", f"finalists closer than {check.noise:.1%} are ties"))

@@ -1,0 +1,173 @@
+"""The run's wall-time budget (``budget.minutes``): set-up, search, confirmation and export within it.
+
+The search used to be the only part the budget bounded: a detector whose trials took 37 s confirmed six plans
+and the one-liners for more than fifteen minutes after a four-minute search. Here the whole run shares one
+deadline. Before every build the search leaves time for the confirmation it will need, estimated from what its
+trials cost so far; after the search, the confirmation is sized to the time left (fewer finalists first, then
+fewer rounds), and a run with no time left for any confirmation exports FP32 and says why.
+
+Everything here is arithmetic on measured trials, so it is tested with made-up results and a fake clock.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autotune.trial import TrialResult
+
+MIN_CONFIRM_ROUNDS = 3
+"""The fewest rounds a confirmation sized to its time may keep: a median of fewer is one round's luck."""
+ROUNDS_INFLATION_DEFAULT = 1.5
+"""Rounds timed per round that counts, before any trial has said how many of its rounds were quiet."""
+EXPORT_SHARE = 0.6
+"""The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""
+UNKNOWN_RESERVE_SHARE = 0.25
+"""The share of the budget kept for the confirmation before any trial has said what one costs."""
+
+
+@dataclass(frozen=True)
+class TrialCosts:
+    """What one plan costs a confirmation, from the trials measured so far.
+
+    Attributes:
+        prepare_s: Seconds to build and score one plan (the median trial's total less its timing).
+        run_ms: Milliseconds of one timed run of a plan (the median trial's latency), and of FP32.
+        reference_ms: Milliseconds of one run of the FP32 reference.
+        rounds_inflation: Rounds timed per round that counted (the median over the trials: a busy machine
+            times more rounds than it keeps).
+    """
+
+    prepare_s: float
+    run_ms: float
+    reference_ms: float
+    rounds_inflation: float
+
+    @classmethod
+    def of(cls, trials: Sequence[TrialResult]) -> TrialCosts | None:
+        """The costs read from the trials that were timed; None before any was."""
+        timed = [t for t in trials if not t.from_store and t.latency_ms and t.reference_latency_ms and t.total_s]
+        if not timed:
+            return None
+        prepare, inflation = [], []
+        for trial in timed:
+            runs = trial.protocol.get("warmup", 0) + trial.protocol.get("repeats", 1)
+            rounds = (trial.busy or {}).get("rounds") or trial.protocol.get("rounds", 1)
+            timing_s = rounds * runs * (trial.latency_ms + trial.reference_latency_ms) / 1e3
+            prepare.append(max(0.0, trial.total_s - timing_s))
+            inflation.append(rounds / max(1, trial.protocol.get("rounds", 1)))
+        return cls(
+            statistics.median(prepare),
+            statistics.median(t.latency_ms for t in timed),
+            statistics.median(t.reference_latency_ms for t in timed),
+            max(1.0, statistics.median(inflation)),
+        )
+
+    def confirmation_s(self, plans: int, rounds: int, runs_per_round: int) -> float:
+        """Seconds to confirm ``plans`` plans (finalists and one-liners) beside FP32, and export the winner.
+
+        Each plan is built and scored, then every plan and FP32 run ``runs_per_round`` times in each of the rounds
+        (inflated by the rounds a busy machine adds). One-liners are costed as a plan of the search: their speed is
+        unknown until they are timed.
+        """
+        per_round_s = runs_per_round * (plans * self.run_ms + self.reference_ms) / 1e3
+        timing_s = rounds * self.rounds_inflation * per_round_s
+        return (plans + 1 + EXPORT_SHARE) * self.prepare_s + timing_s
+
+
+@dataclass(frozen=True)
+class ConfirmationSize:
+    """How many finalists, in how many rounds, the time left allows.
+
+    Attributes:
+        finalists: Finalists to confirm (0: none fits: FP32 is exported).
+        references: One-liners confirmed beside them.
+        rounds: Rounds of the confirmation.
+        spare: Time is left for a second, wider confirmation where the self-check asks for one, and for more
+            finalists where none met the budget.
+        note: One line for the user when the confirmation was cut to fit, else None.
+    """
+
+    finalists: int
+    references: int
+    rounds: int
+    spare: bool
+    note: str | None = None
+
+
+class RunDeadline:
+    """The wall time a run may take, from its start.
+
+    Args:
+        minutes: ``budget.minutes``; None: no limit (every method answers as if time were endless).
+        started: ``clock()`` at the run's start.
+        clock: Seconds; injectable for tests.
+    """
+
+    def __init__(self, minutes: float | None, started: float, clock: Callable[[], float] = time.time) -> None:
+        self.total_s = None if minutes is None else 60.0 * minutes
+        self.started = started
+        self.clock = clock
+
+    def left_s(self) -> float:
+        """Seconds left (``inf`` without a limit; negative once it has passed)."""
+        if self.total_s is None:
+            return math.inf
+        return self.total_s - (self.clock() - self.started)
+
+    def search_left_s(self, costs: TrialCosts | None, plans: int, rounds: int, runs_per_round: int) -> float:
+        """Seconds the search may still start builds in: the time left less what the confirmation will need."""
+        left = self.left_s()
+        if math.isinf(left):
+            return left
+        if costs is None:
+            return left - UNKNOWN_RESERVE_SHARE * (self.total_s or 0.0)
+        # The first build after the deadline check runs to its end: it is part of what the search spends.
+        return left - costs.confirmation_s(plans, rounds, runs_per_round) - costs.prepare_s
+
+    def size_confirmation(
+        self, costs: TrialCosts | None, top_k: int, references: int, rounds: int, runs_per_round: int
+    ) -> ConfirmationSize:
+        """The largest confirmation that fits the time left: fewer finalists first, then one-liners, then rounds.
+
+        The finalists are what the user gets; the one-liners are what the summary compares them with, so they are
+        given up before the last finalist, and rounds last (they decide how sure the ranking is).
+        """
+        left = self.left_s()
+        if left <= 0:
+            return ConfirmationSize(0, 0, 0, spare=False, note=_none_fits(left, None))
+        if costs is None or math.isinf(left):
+            return ConfirmationSize(top_k, references, rounds, spare=True)
+        spare = costs.confirmation_s(top_k + references, 2 * rounds, runs_per_round) <= left
+        for finalists, kept, kept_rounds in _smaller(top_k, references, rounds):
+            if costs.confirmation_s(finalists + kept, kept_rounds, runs_per_round) <= left:
+                cut = (finalists, kept, kept_rounds) != (top_k, references, rounds)
+                note = _cut_note(left, (top_k, references, rounds), (finalists, kept, kept_rounds)) if cut else None
+                return ConfirmationSize(finalists, kept, kept_rounds, spare and not cut, note)
+        return ConfirmationSize(
+            0, 0, 0, spare=False, note=_none_fits(left, costs.confirmation_s(1, MIN_CONFIRM_ROUNDS, runs_per_round))
+        )
+
+
+def _smaller(top_k: int, references: int, rounds: int) -> list[tuple[int, int, int]]:
+    """Confirmations from the configured one down to one finalist alone in the fewest rounds, in that order."""
+    sizes = [(finalists, references, rounds) for finalists in range(top_k, 0, -1)]
+    sizes += [(1, kept, rounds) for kept in range(references - 1, -1, -1)]
+    sizes += [(1, 0, kept) for kept in range(rounds - 1, min(rounds, MIN_CONFIRM_ROUNDS) - 1, -1)]
+    return sizes
+
+
+def _none_fits(left_s: float, one_s: float | None) -> str:
+    """One line: why the run exports FP32."""
+    takes = "" if one_s is None else f", less than confirming one finalist takes (about {one_s:.0f} s)"
+    return f"budget.minutes leaves {max(0.0, left_s):.0f} s{takes}: FP32 alone is confirmed and exported"
+
+
+def _cut_note(left_s: float, asked: tuple[int, int, int], kept: tuple[int, int, int]) -> str:
+    """One line: what the confirmation gave up to fit the time left."""
+    names = ("finalists", "one-liners", "rounds")
+    parts = [f"{kept[i]} of {asked[i]} {name}" for i, name in enumerate(names) if kept[i] != asked[i]]
+    return f"budget.minutes leaves {left_s:.0f} s: the confirmation is cut to {', '.join(parts)}"

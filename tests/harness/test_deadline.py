@@ -1,0 +1,113 @@
+import math
+
+import pytest
+
+from autotune.harness.deadline import (
+    MIN_CONFIRM_ROUNDS,
+    UNKNOWN_RESERVE_SHARE,
+    ConfirmationSize,
+    RunDeadline,
+    TrialCosts,
+)
+from autotune.plan import Plan
+from autotune.testing import tiny_config
+from autotune.trial import TrialResult
+from autotune.tune import tune
+
+PLAN = Plan.uniform(["a", "b"], "int8")
+PROTOCOL = {"warmup": 2, "repeats": 5, "rounds": 4}
+
+
+def _trial(total_s: float, latency_ms: float, reference_ms: float, rounds_timed: int = 4) -> TrialResult:
+    return TrialResult(
+        PLAN,
+        latency_ms=latency_ms,
+        reference_latency_ms=reference_ms,
+        speedup=reference_ms / latency_ms,
+        total_s=total_s,
+        protocol=PROTOCOL,
+        busy={"rounds": rounds_timed},
+    )
+
+
+def _clock(start: float = 1000.0) -> tuple[list[float], RunDeadline]:
+    now = [start]
+    return now, RunDeadline(1.0, start, clock=lambda: now[0])
+
+
+def test_trial_costs_separate_building_and_scoring_from_timing():
+    # 4 rounds x 7 runs x (10 + 20) ms = 0.84 s of timing in a 3.84 s trial: 3 s to build and score
+    costs = TrialCosts.of([_trial(3.84, 10.0, 20.0)])
+    assert costs.prepare_s == pytest.approx(3.0)
+    assert (costs.run_ms, costs.reference_ms, costs.rounds_inflation) == (10.0, 20.0, 1.0)
+    # a busy machine that timed 12 rounds to keep 4 inflates the rounds a confirmation is expected to take
+    assert TrialCosts.of([_trial(5.52, 10.0, 20.0, rounds_timed=12)]).rounds_inflation == 3.0
+
+
+def test_store_hits_and_failures_say_nothing_about_cost():
+    failed = TrialResult.failure(PLAN, "boom", total_s=50.0)
+    hit = TrialResult(**{**_trial(50.0, 1.0, 1.0).__dict__, "from_store": True})
+    assert TrialCosts.of([failed, hit]) is None
+
+
+def test_a_confirmation_costs_a_build_per_plan_and_every_plan_in_every_round():
+    costs = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=20.0, rounds_inflation=1.0)
+    # 3 plans + FP32 + the export built; 8 rounds of 12 runs of 3 x 10 ms and 20 ms
+    expected = (3 + 1 + 0.6) * 2.0 + 8 * 12 * (3 * 10.0 + 20.0) / 1e3
+    assert costs.confirmation_s(3, 8, 12) == pytest.approx(expected)
+
+
+def test_without_a_limit_the_search_and_the_confirmation_are_never_cut():
+    deadline = RunDeadline(None, 0.0, clock=lambda: 1e9)
+    costs = TrialCosts(100.0, 1.0, 1.0, 1.0)
+    assert math.isinf(deadline.search_left_s(costs, 5, 8, 12))
+    assert deadline.size_confirmation(costs, 5, 2, 8, 12) == ConfirmationSize(5, 2, 8, spare=True)
+
+
+def test_the_search_leaves_the_confirmation_its_time():
+    now, deadline = _clock()
+    now[0] += 10.0  # set-up took 10 s of the 60
+    assert deadline.search_left_s(None, 7, 8, 12) == pytest.approx(50.0 - UNKNOWN_RESERVE_SHARE * 60.0)
+    costs = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=20.0, rounds_inflation=1.0)
+    expected = 50.0 - costs.confirmation_s(7, 8, 12) - costs.prepare_s  # and one more build runs to its end
+    assert deadline.search_left_s(costs, 7, 8, 12) == pytest.approx(expected)
+
+
+def test_a_confirmation_gives_up_finalists_first_then_one_liners_then_rounds():
+    costs = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=10.0, rounds_inflation=1.0)
+    now, deadline = _clock()
+    full = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    assert (full.finalists, full.references, full.rounds, full.note) == (5, 2, 8, None)
+    now[0] += 60.0 - costs.confirmation_s(3 + 2, 8, 12) - 0.01  # time for 3 finalists and both one-liners
+    cut = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    assert (cut.finalists, cut.references, cut.rounds, cut.spare) == (3, 2, 8, False)
+    assert "3 of 5 finalists" in cut.note and "one-liners" not in cut.note
+    now[0] = 1000.0 + 60.0 - costs.confirmation_s(1, 8, 12) - 0.01  # one finalist alone
+    alone = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    assert (alone.finalists, alone.references, alone.rounds) == (1, 0, 8)
+    now[0] = 1000.0 + 60.0 - costs.confirmation_s(1, MIN_CONFIRM_ROUNDS, 12) - 0.01
+    fewest = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    assert (fewest.finalists, fewest.references, fewest.rounds) == (1, 0, MIN_CONFIRM_ROUNDS)
+    assert "3 of 8 rounds" in fewest.note
+
+
+def test_with_no_time_for_one_finalist_fp32_alone_is_confirmed_and_the_run_says_why():
+    costs = TrialCosts(prepare_s=30.0, run_ms=10.0, reference_ms=10.0, rounds_inflation=1.0)
+    now, deadline = _clock()
+    now[0] += 55.0
+    size = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    assert (size.finalists, size.references, size.spare) == (0, 0, False)
+    assert "FP32 alone is confirmed and exported" in size.note and "leaves 5 s" in size.note
+    now[0] += 100.0  # past the deadline: no estimate needed
+    assert deadline.size_confirmation(None, 5, 2, 8, 12).finalists == 0
+
+
+def test_a_run_out_of_minutes_exports_within_them_and_says_where_the_time_went(tmp_path, capsys):
+    # Builds take a fraction of a second here: the time runs out long before the builds or the distinct plans.
+    config = tiny_config(tmp_path, budget={"builds": 100_000, "minutes": 0.2, "stall_episodes": 100_000})
+    summary = tune(config, strategy="random", isolate=False, progress=False)
+    assert summary["wall_s"] <= 12.0 * 1.1, summary["time_s"]
+    assert set(summary["time_s"]) == {"setup", "search", "confirmation", "export"}
+    assert sum(summary["time_s"].values()) == pytest.approx(summary["wall_s"], rel=0.05)
+    assert summary["builds"] < 100_000 and summary["time_budget_s"] == 12.0
+    assert "the search stopped at budget.minutes=0.2 " in capsys.readouterr().err
