@@ -158,6 +158,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     specs = args.plan or ["int8"]
     results = api.evaluate_side_by_side(config, specs, split=args.split, isolate=not args.in_process)
     _say_busy(results)
+    _say_failed(specs, results)
     if len(results) == 1 or args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
@@ -166,6 +167,18 @@ def _evaluate(args: argparse.Namespace) -> int:
         for spec, row in zip(specs, results, strict=True):
             print(_side_by_side_row(spec, row, results[0]))
     return 0 if all(result["status"] == "ok" for result in results) else 1
+
+
+def _say_failed(specs: list[str], results: list[dict]) -> None:
+    """One line on stderr per plan that failed (a build error, a runtime that aborted), its error's last line.
+
+    The plans that ran are still reported on stdout; the exit code says that one did not.
+    """
+    for spec, row in zip(specs, results, strict=True):
+        if row.get("status") != "ok":
+            error = str(row.get("error") or "no result").strip().splitlines()
+            label = Path(spec).name if spec.endswith(".json") else spec
+            print(f"autotune: plan {label} failed: {error[-1] if error else 'no result'}", file=sys.stderr)
 
 
 def _say_busy(results: list[dict]) -> None:

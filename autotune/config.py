@@ -314,10 +314,15 @@ class MeasureConfig(_Strict):
     """A round counts only when the trial process's threads waited for a core (the scheduler's run-queue wait) at
     most this fraction of its wall time: another busy process on the cores slows plans unequally, so such rounds
     are timed again. None: the wait is not checked (``autotune.interference``)."""
+    min_sample_ms: float = Field(1.0, ge=0)
+    """A timed sample lasts at least this long: a plan that runs faster runs several times back to back per
+    sample (the count set from one run, as ``timeit`` autoranges) and the sample is their mean, so a
+    sub-millisecond model is timed over more than the timer's and the scheduler's jitter. 0: one run a sample."""
     busy_patience_s: float = Field(5.0, ge=0)
-    """Seconds a measurement that found no quiet rounds while another process held the cores may wait off them
-    (random back-offs of up to 2 s, each followed by more rounds) before it times each plan by its own fastest runs
-    and says the machine was too busy. Without such a process it does not wait."""
+    """Seconds a measurement that found no quiet rounds while another process held the cores may spend past its
+    round limit, waiting off the cores (random back-offs of up to 2 s) and timing more rounds after each, before it
+    times each plan by its own fastest runs and says the machine was too busy. Without such a process it does not
+    wait."""
 
 
 class BudgetConfig(_Strict):

@@ -48,9 +48,15 @@ class Protocol:
         busy_wait: A round counts only when this process's threads waited for a core (run-queue wait, from the
             scheduler) at most this fraction of its wall time; None: the wait is not checked.
         busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds, and
-            saw its threads wait for a core, may spend off the cores (a random back-off of up to ``BACK_OFF_S`` at
-            a time, so two runs that time at once fall out of step), timing ``round_limit`` rounds more after each;
-            then it times each runner by its fastest runs and says the machine was too busy.
+            saw its threads wait for a core, may spend past that limit: off the cores (a random back-off of up to
+            ``BACK_OFF_S`` at a time, so two runs that time at once fall out of step) and timing up to
+            ``round_limit`` rounds more after each; then it times each runner by its fastest runs and says the
+            machine was too busy. The rounds count against it too: a model whose rounds take seconds on a busy
+            machine would otherwise time six times its limit.
+        min_sample_ms: A timed sample lasts at least this long: a runner faster than that runs several times back
+            to back per sample, the count set from its fastest runs (as ``timeit`` autoranges), and the sample is
+            their mean; its warm-up runs are whole samples. A sub-millisecond model's single runs are mostly the
+            timer's and the scheduler's jitter and the cold runs after a switch; 0: one run per sample.
     """
 
     warmup: int = 2
@@ -61,6 +67,7 @@ class Protocol:
     max_rounds: int | None = None
     busy_wait: float | None = 0.1
     busy_patience_s: float = 5.0
+    min_sample_ms: float = 0.0
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -77,6 +84,9 @@ OUTLIER_BAND = 0.25
 
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
+
+MAX_RUNS_PER_SAMPLE = 1000
+"""The most runs one sample takes, however fast the runner (``Protocol.min_sample_ms``)."""
 
 SETTLE_ROUNDS = 1000
 """Rounds after which a process has settled however short they were: a model that runs in microseconds would take
@@ -243,19 +253,42 @@ def _stats(samples: list[float]) -> tuple[float, float]:
 
 
 def _timed(
-    run: Callable[[], object], protocol: Protocol, clock: Callable[[], float], self_timed: bool = False
+    run: Callable[[], object], protocol: Protocol, clock: Callable[[], float], self_timed: bool, runs: list[int]
 ) -> list[float]:
-    for _ in range(protocol.warmup):
+    """The warm-up, then ``repeats`` samples of ``runs[0]`` runs each.
+
+    With ``min_sample_ms`` the warm-up is whole samples too (a small model's first runs after another's are cold
+    for more than one run), and the runs per sample grow from the fastest run seen: the first warm-up sizes them,
+    every round's samples may add to them.
+    """
+    if protocol.min_sample_ms <= 0:
+        for _ in range(protocol.warmup):
+            run()
+        return [_elapsed_ms(run, 1, clock, self_timed) for _ in range(protocol.repeats)]
+    count = runs[0] if runs else 1
+    warm = [_elapsed_ms(run, count, clock, self_timed) for _ in range(max(1, protocol.warmup))]
+    if not runs:
+        runs.append(_runs_per_sample(min(warm), protocol.min_sample_ms))
+    samples = [_elapsed_ms(run, runs[0], clock, self_timed) for _ in range(protocol.repeats)]
+    runs[0] = max(runs[0], _runs_per_sample(min(samples), protocol.min_sample_ms))
+    return samples
+
+
+def _elapsed_ms(run: Callable[[], object], count: int, clock: Callable[[], float], self_timed: bool) -> float:
+    """The mean milliseconds of ``count`` runs back to back."""
+    if self_timed:
+        return sum(float(run()) for _ in range(count)) / count  # type: ignore[arg-type]
+    start = clock()
+    for _ in range(count):
         run()
-    times = []
-    for _ in range(protocol.repeats):
-        if self_timed:
-            times.append(float(run()))  # type: ignore[arg-type]
-            continue
-        start = clock()
-        run()
-        times.append((clock() - start) * 1e3)
-    return times
+    return (clock() - start) * 1e3 / count
+
+
+def _runs_per_sample(one_run_ms: float, min_sample_ms: float) -> int:
+    """Runs per sample so that a sample lasts ``min_sample_ms`` (``Protocol.min_sample_ms``)."""
+    if min_sample_ms <= 0 or one_run_ms >= min_sample_ms:
+        return 1
+    return min(MAX_RUNS_PER_SAMPLE, math.ceil(min_sample_ms / max(one_run_ms, 1e-6) - 1e-9))
 
 
 def interleaved(
@@ -339,27 +372,31 @@ def _rounds(
     """
     pace = pace if pace is not None else ReferencePace()
     sampler = sampler if sampler is not None else Sampler()
-    blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed runs
+    blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed samples
+    runs_per_sample: list[list[int]] = [[] for _ in runners]  # per runner, set at its first round
     round_medians: list[list[float]] = [[] for _ in runners]
     readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
     first = last = sampler.snapshot()
-    limit, backed_off_s = protocol.round_limit, 0.0
+    limit, waited_out_s = protocol.round_limit, 0.0  # patience spent: back-offs and the rounds timed after them
     while True:
         started = pace.clock()
         for runner in order(len(readings)):
-            blocks[runner].append(_timed(runners[runner], protocol, clock, self_timed))
+            blocks[runner].append(_timed(runners[runner], protocol, clock, self_timed, runs_per_sample[runner]))
             round_medians[runner].append(float(np.median(blocks[runner][-1])))
         now = sampler.snapshot()
         readings.append(sampler.reading(last, now))
         last = now
-        pace.add(round_medians[0][-1], pace.clock() - started)
+        round_s = pace.clock() - started
+        pace.add(round_medians[0][-1], round_s)
+        if len(readings) > protocol.round_limit:
+            waited_out_s += round_s
         counted = _counted(np.array(round_medians), _waits(readings), protocol, pace, limit)
         if counted is None:
             continue
         contended = any(_contended(wait, protocol) for wait in _waits(readings))
-        if counted[1] or backed_off_s >= protocol.busy_patience_s or not contended:
+        if counted[1] or waited_out_s >= protocol.busy_patience_s or not contended:
             break  # quiet; out of patience; or no other process to wait out (a noisy pace is no reason to wait)
-        backed_off_s += sampler.back_off(BACK_OFF_S)
+        waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
     rows, quiet = counted

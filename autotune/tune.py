@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api import analyze, check_data, references
+from autotune.backends import searching_references
 from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
 from autotune.harness import Evaluator
@@ -136,9 +137,23 @@ def confirm_finalists(
 
 
 def one_liner_plans(evaluator: Evaluator, layers: list[str]) -> list[Plan]:
-    """The reference plans of the backend's one-liners that ``confirm.references`` asks for (default all)."""
-    wanted = evaluator.config.confirm.references  # None: every one the backend offers
-    return [Plan.reference_plan(layers, name) for name in evaluator.references() if wanted is None or name in wanted]
+    """The reference plans of the backend's one-liners that ``confirm.references`` asks for (default all).
+
+    By default a run bounded by ``budget.minutes`` leaves out the one-liners whose build is a search of its own
+    (``Backend.searching_references``), saying so in one line: one of them took longer than the whole run.
+    """
+    config = evaluator.config
+    wanted = config.confirm.references  # None: every one the backend offers
+    names = [name for name in evaluator.references() if wanted is None or name in wanted]
+    slow = [
+        n for n in names if wanted is None and config.budget.minutes and n in searching_references(config.backend.name)
+    ]
+    if slow:
+        say(
+            f"budget.minutes is set: {', '.join(slow)} (a search of its own, minutes to build) is not timed beside "
+            "the finalists; name it in confirm.references to time it"
+        )
+    return [Plan.reference_plan(layers, name) for name in names if name not in slow]
 
 
 def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: float) -> dict[str, Any]:

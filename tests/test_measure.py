@@ -117,6 +117,7 @@ def test_speedup_property():
 
 def test_protocol_to_dict_and_defaults():
     defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1, "busy_patience_s": 5.0}
+    defaults["min_sample_ms"] = 0.0
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
@@ -466,6 +467,24 @@ def test_busy_figures_of_several_measurements_merge_weighted_by_rounds():
     assert Busy.merged([None]) is None
 
 
+def test_rounds_that_take_seconds_spend_the_patience_as_the_back_offs_do():
+    from autotune.measure import ReferencePace
+
+    # A model whose rounds take 3 s on a busy machine: past the limit of 2 rounds it backs off once (2 s), times
+    # two rounds more (6 s), and its 5 s of patience are spent; counting the back-offs alone, it timed 8 rounds.
+    now = [0.0]
+
+    def reference() -> float:
+        now[0] += 3.0
+        return 2.0
+
+    sampler = ScriptedSampler(lambda k: 0.6)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=2, busy_patience_s=5.0)
+    pace = ReferencePace(clock=lambda: now[0])
+    latency = interleaved(lambda: 1.0, reference, protocol, self_timed=True, pace=pace, sampler=sampler)
+    assert sampler.backed_off == [2.0] and latency.busy.rounds == 4 and not latency.busy.quiet
+
+
 def test_a_measurement_that_backed_off_counts_the_quiet_rounds_after_it():
     # The other process holds the cores for the first eight rounds, then leaves while this one waits off the cores.
     sampler = ScriptedSampler(lambda k: 0.6 if k < 8 else 0.0)
@@ -505,3 +524,47 @@ def test_a_measurement_without_quiet_rounds_and_without_other_processes_blames_t
     assert unsteady.describe().startswith("no quiet rounds: the plans' pace moved from round to round")
     busy = Busy(rounds=96, counted=4, contended=90, others=0.4, waited=0.8, cpus="0-1", quiet=False)
     assert busy.describe().startswith("the machine was too busy to measure")
+
+
+def _switch_sensitive(base_ms: float, cold_ms: float, time: FakeTime, switches: list[str], name: str):
+    """A self-timed sub-millisecond runner whose first runs after another runner ran cost ``cold_ms`` more.
+
+    Its caches were the other runner's: the penalty halves with every run back to back (as a small model's
+    weights come back into cache), so a protocol of two runs a side times mostly the cold ones.
+    """
+    state = {"since_switch": 0}
+
+    def run() -> float:
+        if switches and switches[-1] != name:
+            state["since_switch"] = 0
+        switches.append(name)
+        ms = base_ms + cold_ms * 0.5 ** state["since_switch"]
+        state["since_switch"] += 1
+        time.now += ms / 1e3
+        return ms
+
+    return run
+
+
+def _sub_ms_speedup(protocol: Protocol) -> float:
+    time, switches = FakeTime(), []
+    reference = _switch_sensitive(0.20, 0.05, time, switches, "ref")
+    candidate = _switch_sensitive(0.08, 0.30, time, switches, "cand")  # smaller engine, colder after a switch
+    return interleaved(candidate, reference, protocol, clock=time.clock, self_timed=True).speedup
+
+
+def test_runs_per_sample_make_a_sample_last_min_sample_ms():
+    time, log = FakeTime(), []
+    run = _runner("fast", time, log, [0.0001] * 1000)  # 0.1 ms a run
+    protocol = Protocol(warmup=1, repeats=3, rounds=1, min_sample_ms=1.0, **EVERY_ROUND)
+    interleaved(run, _runner("ref", time, [], [0.002] * 100), protocol, clock=time.clock)
+    assert len(log) == 1 + 3 * 10  # the warm-up run sized the samples: 3 samples of 10 runs
+
+
+def test_a_sub_millisecond_models_search_and_confirmation_agree_once_samples_are_autoranged():
+    search = Protocol(warmup=1, repeats=2, rounds=4, **EVERY_ROUND)  # configs/minilm-cpu.yaml's search protocol
+    confirmation = Protocol(warmup=2, repeats=10, rounds=8, **EVERY_ROUND)  # the confirmation's
+    apart = _sub_ms_speedup(search) / _sub_ms_speedup(confirmation)
+    assert abs(apart - 1) > 0.2  # one run a sample: the short protocol times the cold runs after a switch
+    sized = [replace(protocol, min_sample_ms=1.0) for protocol in (search, confirmation)]
+    assert _sub_ms_speedup(sized[0]) == pytest.approx(_sub_ms_speedup(sized[1]), rel=0.05)

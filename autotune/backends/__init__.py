@@ -72,6 +72,15 @@ def get_backend(
     raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune")
 
 
+def searching_references(name: str) -> tuple[str, ...]:
+    """``Backend.searching_references`` of the backend named ``name``, without loading its runtime."""
+    if name == "openvino":
+        from autotune.backends.openvino import OpenVINOCPU
+
+        return OpenVINOCPU.searching_references
+    return ()
+
+
 __all__ = [
     "Backend",
     "BackendUnavailable",
@@ -82,4 +91,5 @@ __all__ = [
     "Knob",
     "backend_class",
     "get_backend",
+    "searching_references",
 ]

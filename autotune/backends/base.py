@@ -81,6 +81,11 @@ class Backend(ABC):
     profiles: ClassVar[bool] = False
     """True where ``profile`` times each layer; False spares the run's analysis loading data for it."""
 
+    searching_references: ClassVar[tuple[str, ...]] = ()
+    """One-liners whose build is a search of its own (NNCF's accuracy control quantizes, scores and reverts layer
+    groups until the drop fits): minutes where a trial's build takes seconds. A run bounded by ``budget.minutes``
+    leaves them out unless ``confirm.references`` names them."""
+
     exports_batch_free: ClassVar[bool] = False
     """True where a PyTorch model is exported for it without its batch size (the torch backend runs the module and
     reads only its layers from the graph: a trace at two rows will do)."""

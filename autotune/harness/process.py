@@ -20,6 +20,7 @@ from autotune.config import TuneConfig
 from autotune.extras import MissingExtra
 from autotune.harness.prepare import SetupError
 from autotune.harness.runner import TrialRunner
+from autotune.harness.stderr import StderrRelay
 from autotune.measure import Protocol
 from autotune.plan import Plan
 
@@ -148,16 +149,21 @@ def _worker_main(
     environment: dict[str, str] | None = None,
     source: str | None = None,
     gated: bool = False,
+    stderr: Any = None,
 ) -> None:
     """Serves trials until the parent closes the pipe.
 
     ``gated``: started with the run (``ChildRunner.launch``), the process loads the backend, then waits for the
-    run's ``GO`` before it reads the model the run is still exporting.
+    run's ``GO`` before it reads the model the run is still exporting. ``stderr``: the pipe the process's file
+    descriptor 2 is moved to (the run's ``StderrRelay`` reads it), so a runtime's last words name its crash.
 
     Ctrl-C in a terminal, and SIGTERM from ``timeout`` or a scheduler, reach the whole process group: the trial
     process ignores both and leaves the interrupt to the run, which stops it after committing what was measured
     (a trial process that died of the signal would be recorded as a crashed trial of the plan it was building).
     """
+    if stderr is not None:
+        os.dup2(stderr.fileno(), 2)  # C++ runtimes write there too, not only sys.stderr
+        stderr.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=LOG_FORMAT)  # a spawned process starts without the run's logging
@@ -211,6 +217,7 @@ class ChildRunner:
         self._process: Any = None
         self._connection: Any = None
         self._gated = False
+        self._stderr: StderrRelay | None = None
         self.setup_stages_s: dict[str, float] = {}
         """Where the last (re)start's set-up went in the process (``TrialRunner.setup_stages_s``)."""
 
@@ -233,6 +240,7 @@ class ChildRunner:
         """
         self._gated = gated
         parent, child = self._context.Pipe()
+        stderr_reader, stderr_writer = self._context.Pipe(duplex=False)
         self._process = self._context.Process(
             target=_worker_main,
             args=(
@@ -243,11 +251,15 @@ class ChildRunner:
                 self.environment,
                 self.source,
                 gated,
+                stderr_writer,
             ),
             daemon=True,
         )
         self._process.start()
         child.close()
+        stderr_writer.close()
+        self._stderr = StderrRelay(os.dup(stderr_reader.fileno()))
+        stderr_reader.close()
         self._connection = parent
 
     def await_ready(self) -> None:
@@ -264,13 +276,13 @@ class ChildRunner:
         try:
             kind, message = parent.recv()
         except EOFError:
-            self._process.join(timeout=5)  # reap it, so the exit code is known
-            code = self._process.exitcode
+            death = self._death()
             self.stop()
-            raise SetupError(f"the trial process died while preparing the run (exit code {code})") from None
+            raise SetupError(f"the trial process died while preparing the run {death}") from None
         if kind != "ready":
             self.stop()
             raise SetupError(message)
+        self._stderr.flush()
         self.setup_stages_s = dict(message or {})
 
     def release(self) -> None:
@@ -282,6 +294,14 @@ class ChildRunner:
             except OSError:  # it ended before the go-ahead (its set-up failed): ``await_ready`` reads its answer
                 pass
 
+    def _death(self) -> str:
+        """How the process died, for its error: ``(exit code -6, SIGABRT): <its last line on stderr>``."""
+        self._process.join(timeout=5)  # reap it, so the exit code is known
+        code = self._process.exitcode
+        name = f", {signal.Signals(-code).name}" if code is not None and -code in signal.valid_signals() else ""
+        last = self._stderr.last_line() if self._stderr is not None else None
+        return f"(exit code {code}{name})" + (f": {last}" if last else "")
+
     def stop(self) -> None:
         """Kills the child process."""
         if self._process is not None:
@@ -291,6 +311,9 @@ class ChildRunner:
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
         self._process = None
         self._connection = None
 
@@ -312,6 +335,7 @@ class ChildRunner:
         """
         if self._process is None or not self._process.is_alive():
             self.start()
+        self._stderr.mark()
         self._connection.send((kind, payload))
 
     def receive(self, wait_s: float, timeout_s: float) -> tuple[str, Any]:
@@ -326,12 +350,13 @@ class ChildRunner:
             self.stop()
             return "timeout", f"no result after {timeout_s:.0f} s; the trial process was killed"
         try:
-            return self._connection.recv()
+            answer = self._connection.recv()
         except EOFError:
-            self._process.join(timeout=5)
-            code = self._process.exitcode
+            death = self._death()
             self.stop()
-            return "crash", f"the trial process died (exit code {code})"
+            return "crash", f"the trial process died {death}"
+        self._stderr.flush()
+        return answer
 
     def request(self, kind: str, payload: Any, timeout_s: float) -> tuple[str, Any]:
         """Sends one request; returns ``(status, payload)`` with status result, error, crash or timeout."""

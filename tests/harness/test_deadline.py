@@ -111,3 +111,30 @@ def test_a_run_out_of_minutes_exports_within_them_and_says_where_the_time_went(t
     assert sum(summary["time_s"].values()) == pytest.approx(summary["wall_s"], rel=0.05)
     assert summary["builds"] < 100_000 and summary["time_budget_s"] == 12.0
     assert "the search stopped at budget.minutes=0.2 " in capsys.readouterr().err
+
+
+class _OpenVINOEvaluator:
+    def __init__(self, config):
+        self.config = config
+
+    def references(self):
+        return ("ov-default", "nncf-quantize", "nncf-accuracy-control")
+
+
+@pytest.mark.parametrize(
+    ("minutes", "asked", "timed"),
+    [
+        (None, None, ["ov-default", "nncf-quantize", "nncf-accuracy-control"]),
+        (5.0, None, ["ov-default", "nncf-quantize"]),
+        (5.0, ["nncf-accuracy-control"], ["nncf-accuracy-control"]),
+    ],
+)
+def test_a_run_with_minutes_leaves_out_the_one_liners_that_search_unless_asked(tmp_path, capsys, minutes, asked, timed):
+    from autotune.tune import one_liner_plans
+
+    config = tiny_config(tmp_path, budget={"builds": 5, "minutes": minutes}, backend={"name": "openvino"})
+    config = config.model_copy(update={"confirm": config.confirm.model_copy(update={"references": asked})})
+    plans = one_liner_plans(_OpenVINOEvaluator(config), ["a"])
+    assert [plan.reference for plan in plans] == timed
+    said = capsys.readouterr().err
+    assert ("nncf-accuracy-control (a search of its own" in said) == (len(timed) == 2)

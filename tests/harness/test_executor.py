@@ -77,7 +77,7 @@ def test_a_trial_whose_worker_dies_twice_is_a_failed_trial_and_the_run_goes_on(t
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         results = list(evaluator.evaluate_many(plans))
         assert [r.status for r in results] == [FAILED, FAILED]
-        assert all(r.error == "the trial process died (exit code -9)" for r in results)
+        assert all(r.error == "the trial process died (exit code -9, SIGKILL)" for r in results)
         assert evaluator._pool.replaced == 4  # each trial: its worker, then the one it was retried on
         assert len(store) == 2
 

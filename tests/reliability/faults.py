@@ -10,10 +10,14 @@ optional ``"*"`` for every other call. Calls are counted across trial processes 
 outputs are the reference itself) is not counted; the plan's ``"setup"`` action applies to it.
 
 Actions: ``ok``; ``kill`` (SIGKILL itself, as the OOM killer would); ``exit`` (``os._exit(3)``); ``segv`` (a null
-pointer read in C); ``raise`` (a Python exception); ``slow`` (sleep a second); ``hang`` (sleep for an hour, after
+pointer read in C); ``abort`` (a C++ runtime's failed assertion: :data:`ASSERTION` on file descriptor 2,
+then ``os.abort()``); ``raise`` (a Python exception); ``slow`` (sleep a second); ``hang`` (sleep for an hour, after
 writing ``<folder>/hanging`` with the process id); ``leak`` (keep an open file and 3 MB, for the soak test's
 self-check); ``kill-once`` (SIGKILL itself if no process did so before: the first trial process to get there
 creates ``<folder>/killed``, atomically, so exactly one trial dies even with workers side by side).
+
+After each counted call's action the process appends ``<call number> <pid> <VmRSS kB> <open fds>`` to
+``<folder>/samples`` (:func:`samples`): one sample per trial, whatever the machine's load, for the soak test.
 
 The count is written atomically, so workers side by side never read half a number (a count may then be lost).
 """
@@ -24,6 +28,7 @@ import ctypes
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,6 +37,8 @@ import numpy as np
 
 ENV = "AUTOTUNE_TEST_FAULTS"
 METRIC = "tests.reliability.faults:fault_metric"
+ASSERTION = "stl_vector.h:1130: reference std::vector::operator[](size_type): Assertion '__n < this->size()' failed."
+"""What the ``abort`` action writes before it aborts, as ONNX Runtime did on a real graph (issue 49)."""
 _LEAKED: list = []
 
 
@@ -48,6 +55,22 @@ def calls(folder: Path) -> int:
     return int((folder / "count").read_text())
 
 
+def samples(folder: Path) -> list[tuple[int, int, int, int]]:
+    """The trial processes' own samples, one per counted call: ``(call number, pid, VmRSS kB, open fds)``."""
+    path = folder / "samples"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [tuple(int(field) for field in line.split()) for line in lines]
+
+
+def _sample_self(count: int, folder: Path) -> None:
+    """Appends this process's resident memory and open files after a call (one short write: lines never mix)."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    rss = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    fds = len(os.listdir("/proc/self/fd")) - 1  # less the one listdir holds
+    with open(folder / "samples", "a") as out:
+        out.write(f"{count} {os.getpid()} {rss} {fds}\n")
+
+
 def _act(action: str, folder: Path) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -61,6 +84,9 @@ def _act(action: str, folder: Path) -> None:
         os._exit(3)
     elif action == "segv":
         ctypes.string_at(0)
+    elif action == "abort":  # written by C++, past Python's sys.stderr
+        os.write(2, f"python: {ASSERTION}\n".encode())
+        os.abort()
     elif action == "raise":
         raise RuntimeError("injected metric failure")
     elif action == "hang":
@@ -88,6 +114,8 @@ def fault_metric(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray],
             temporary.write_text(str(count))
             os.replace(temporary, path / "count")
             _act(plan.get(str(count), plan.get("*", "ok")), path)
+            if sys.platform.startswith("linux"):
+                _sample_self(count, path)
     predictions = np.concatenate([np.asarray(o).reshape(len(o), -1).argmax(axis=1) for o in outputs])
     expected = np.concatenate([np.asarray(r).reshape(len(r), -1).argmax(axis=1) for r in reference])
     return float(np.mean(predictions == expected))

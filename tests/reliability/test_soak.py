@@ -1,6 +1,9 @@
 """Soak: a long random search on the tiny model, with the resident memory and open file descriptors of the run and
 of its trial process sampled from /proc. After warm-up neither may grow beyond a fixed bound.
 
+The trial process samples itself after every trial (``faults.samples``), so its growth is read over exactly the
+trials of the search on a busy machine as on a quiet one; the run is sampled by a poll, once per new trial count.
+
 CI runs ``AUTOTUNE_SOAK_TRIALS`` trials (default 60, well under a minute); the full soak is
 ``AUTOTUNE_SOAK_TRIALS=300 .venv/bin/pytest tests/reliability/test_soak.py -q``.
 """
@@ -17,7 +20,7 @@ import pytest
 
 from autotune.store import TrialStore
 from tests.reliability import faults
-from tests.reliability.helpers import children, env, fast_config, fd_count, rss_kb, start, trial_count, write_config
+from tests.reliability.helpers import env, fast_config, fd_count, rss_kb, start, trial_count, write_config
 
 SOAK_TRIALS = int(os.environ.get("AUTOTUNE_SOAK_TRIALS", "60"))
 RSS_GROWTH_MB = 50
@@ -28,10 +31,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sa
 
 @dataclass
 class Soak:
-    """Samples of one run: ``(trials, run RSS kB, run fds, trial pid, trial RSS kB, trial fds)``."""
+    """Samples of one run: polled ``(trials, run RSS kB, run fds)``; the trial process's, one per trial,
+    ``(trial, trial pid, trial RSS kB, trial fds)``."""
 
     trials: int
-    samples: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
+    trial_samples: list[tuple[int, int, int, int]] = field(default_factory=list)
     returncode: int | None = None
     stderr: str = ""
 
@@ -40,41 +45,39 @@ class Soak:
         warm = max(10, self.trials // 5)
         after = [s for s in self.samples if s[0] >= warm]
         assert len(after) >= 3, f"too few samples after warm-up: {self.samples}"
-        base = after[0]
+        trial_after = [s for s in self.trial_samples if s[0] >= warm]
+        assert [s[0] for s in trial_after] == list(range(warm, self.trials + 1)), "a trial's sample is missing"
+        base, trial_base = after[0], trial_after[0]
         return {
             "run_rss_mb": (max(s[1] for s in after) - base[1]) / 1024,
             "run_fds": max(s[2] for s in after) - base[2],
-            "trial_rss_mb": (max(s[4] for s in after) - base[4]) / 1024,
-            "trial_fds": max(s[5] for s in after) - base[5],
+            "trial_rss_mb": (max(s[2] for s in trial_after) - trial_base[2]) / 1024,
+            "trial_fds": max(s[3] for s in trial_after) - trial_base[3],
         }
 
     @property
     def trial_pids(self) -> set[int]:
-        """Every trial process seen (one, unless it was restarted)."""
-        return {s[3] for s in self.samples}
+        """Every trial process that ran a trial (one, unless it was restarted)."""
+        return {s[1] for s in self.trial_samples}
 
 
-def _trial_process(run_pid: int) -> int | None:
-    for pid in children(run_pid):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
-        except OSError:
-            continue
-    return None
+def soak(root: Path, trials: int, faults_folder: Path, interval_s: float = 0.02) -> Soak:
+    """Runs ``autotune baseline --strategy random`` for ``trials`` builds and samples it until the search ends.
 
-
-def soak(root: Path, trials: int, faults_folder: Path | None = None, interval_s: float = 0.02) -> Soak:
-    """Runs ``autotune baseline --strategy random`` for ``trials`` builds and samples it until the search ends."""
-    metric = {"name": "custom", "function": faults.METRIC} if faults_folder is not None else {"name": "top1"}
+    Args:
+        root: Where the run's config and folder go.
+        trials: The builds of the search.
+        faults_folder: A fault plan (``faults.write_plan``; ``{"*": "ok"}`` for none): its metric samples the trial
+            process after every trial.
+        interval_s: The run's poll.
+    """
     config = fast_config(
         root,
         name="soak",
-        metric=metric,
+        metric={"name": "custom", "function": faults.METRIC},
         budget={"builds": trials, "stall_episodes": 10_000},
         confirm={"top_k": 1, "repeats": 1, "rounds": 1},
     )
-    extra = {faults.ENV: str(faults_folder)} if faults_folder is not None else {}
     store = config.run_dir / "trials.sqlite"
     process = start(
         "baseline",
@@ -85,22 +88,20 @@ def soak(root: Path, trials: int, faults_folder: Path | None = None, interval_s:
         "--set",
         "name=soak",
         cwd=root,
-        env=env(**extra),
+        env=env(**{faults.ENV: str(faults_folder)}),
     )
     result = Soak(trials)
     try:
         while process.poll() is None:
             done = trial_count(store)
-            child = _trial_process(process.pid)
             seen = result.samples[-1][0] if result.samples else -1
             # One sample per new trial count, the last one (all trials in) while the run confirms: a busy machine
             # that lets the poll miss trials in between still samples the growth the whole search left.
-            if child is not None and seen < done <= trials:
+            if seen < done <= trials:
                 try:
-                    sample = (done, rss_kb(process.pid), fd_count(process.pid), child, rss_kb(child), fd_count(child))
-                except (OSError, AssertionError):  # a process ended between the calls
+                    result.samples.append((done, rss_kb(process.pid), fd_count(process.pid)))
+                except (OSError, AssertionError):  # the run ended between the calls
                     continue
-                result.samples.append(sample)
             time.sleep(interval_s)
         _, result.stderr = process.communicate()
     finally:
@@ -108,6 +109,7 @@ def soak(root: Path, trials: int, faults_folder: Path | None = None, interval_s:
             process.kill()
             process.communicate()
     result.returncode = process.returncode
+    result.trial_samples = [s for s in faults.samples(faults_folder) if s[0] <= trials]  # not the confirmation's
     assert result.returncode == 0, result.stderr
     with TrialStore(store) as opened:
         assert len(opened) == trials and set(opened.measure_counts().values()) == {1}
@@ -115,7 +117,7 @@ def soak(root: Path, trials: int, faults_folder: Path | None = None, interval_s:
 
 
 def test_soak_memory_and_file_descriptors_stay_flat(tmp_path):
-    result = soak(tmp_path, SOAK_TRIALS)
+    result = soak(tmp_path, SOAK_TRIALS, faults.write_plan(tmp_path / "faults", {"*": "ok"}))
     assert len(result.trial_pids) == 1, "the trial process was restarted during a clean run"
     growth = result.growth()
     print(f"soak of {SOAK_TRIALS} trials, {len(result.samples)} samples; growth after warm-up: {growth}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.cli import main
 from autotune.harness import Evaluator, SetupError
 from autotune.store import TrialStore
 from autotune.trial import FAILED, OK, TIMEOUT
@@ -36,8 +37,8 @@ def test_crash_signal_hang_and_exception_each_become_a_failed_trial(tmp_path, mo
         last_pid = evaluator._child._process.pid
 
         assert [r.status for r in results] == [OK, FAILED, FAILED, TIMEOUT, FAILED, OK]
-        assert results[1].error == "the trial process died (exit code -9)"
-        assert results[2].error == "the trial process died (exit code -11)"
+        assert results[1].error == "the trial process died (exit code -9, SIGKILL)"
+        assert results[2].error == "the trial process died (exit code -11, SIGSEGV)"
         assert results[3].error == "no result after 3 s; the trial process was killed"
         assert results[4].error.startswith("RuntimeError: injected metric failure")
         assert results[5].accuracy is not None and results[5].speedup > 0
@@ -72,7 +73,7 @@ def test_trial_process_killed_from_outside_during_a_trial(tmp_path, monkeypatch)
         started = time.monotonic()
         killed = evaluator.evaluate(plans[0])
         assert time.monotonic() - started < 60  # not the 120 s timeout
-        assert killed.status == FAILED and killed.error == "the trial process died (exit code -9)"
+        assert killed.status == FAILED and killed.error == "the trial process died (exit code -9, SIGKILL)"
         assert evaluator.evaluate(plans[1]).ok
         assert len(store) == 2
     killer.join()
@@ -83,7 +84,9 @@ def test_trial_process_crash_while_preparing_is_a_clear_error_and_resumable(tmp_
     monkeypatch.setenv(faults.ENV, str(folder))
     config = _faulty_config(tmp_path, timeout_s=30, budget={"builds": 3})
     with TrialStore(tmp_path / "direct.sqlite") as store:
-        with pytest.raises(SetupError, match=r"the trial process died while preparing the run \(exit code -9\)"):
+        with pytest.raises(
+            SetupError, match=r"the trial process died while preparing the run \(exit code -9, SIGKILL\)"
+        ):
             Evaluator(config, store)
 
     code, err = cli(
@@ -97,7 +100,7 @@ def test_trial_process_crash_while_preparing_is_a_clear_error_and_resumable(tmp_
         "name=tiny",
     )
     assert code == 2
-    assert err == "autotune: error: the trial process died while preparing the run (exit code -9)\n"
+    assert err == "autotune: error: the trial process died while preparing the run (exit code -9, SIGKILL)\n"
     with TrialStore(config.run_dir / "trials.sqlite") as store:
         assert len(store) == 0
 
@@ -119,7 +122,10 @@ def test_the_search_goes_on_after_a_crash_and_a_hang(tmp_path, monkeypatch):
         errors = [r.error for r in store.trials() if not r.ok]
         counts = store.measure_counts()
     assert statuses.count(OK) == 6 and statuses[1] == FAILED and statuses[3] == TIMEOUT
-    assert errors == ["the trial process died (exit code -9)", "no result after 3 s; the trial process was killed"]
+    assert errors == [
+        "the trial process died (exit code -9, SIGKILL)",
+        "no result after 3 s; the trial process was killed",
+    ]
     assert set(counts.values()) == {1}
     assert summary["builds"] == 8 and summary["winner"]["split"] == "holdout"
     assert (config.run_dir / "best" / "model.onnx").is_file()
@@ -151,7 +157,29 @@ def test_a_plan_that_kills_the_trial_process_side_by_side_costs_the_others_nothi
     with TrialStore(tmp_path / "trials.sqlite") as store, Evaluator(config, store) as evaluator:
         results = evaluator.measure_side_by_side(plans, "holdout")
         assert [r.status for r in results] == [OK, FAILED, OK]
-        assert results[1].error == "the trial process died (exit code -9)"
+        assert results[1].error == "the trial process died (exit code -9, SIGKILL)"
         assert all(r.speedup > 0 and r.split == "holdout" for r in (results[0], results[2]))
         assert len(store) == 0  # measured, not committed: side by side bypasses the store
     assert faults.calls(folder) == 5
+
+
+def test_evaluate_reports_a_plan_that_aborts_the_runtime_in_one_line(tmp_path, monkeypatch, capfd):
+    """A runtime's failed C++ assertion (SIGABRT) is a failed plan named in one line; the other plan is reported."""
+    # call 1: both plans side by side, the first aborts; then each alone: call 2 the first (aborts), 3 the second
+    folder = faults.write_plan(tmp_path / "faults", {"1": "abort", "2": "abort"})
+    monkeypatch.setenv(faults.ENV, str(folder))
+    config_file = write_config(tmp_path, _faulty_config(tmp_path, timeout_s=30))
+    capfd.readouterr()
+
+    code = main(["evaluate", str(config_file), "--plan", "int8", "--plan", "fp32"])
+
+    out, err = capfd.readouterr()
+    assert code == 1
+    assert (
+        err
+        == f"autotune: plan int8 failed: the trial process died (exit code -6, SIGABRT): python: {faults.ASSERTION}\n"
+    )
+    int8_row, fp32_row = out.splitlines()[1:]
+    assert int8_row.split() == ["int8", *err.split()[3:]]  # the table's row says the same
+    assert fp32_row.split()[0] == "fp32" and float(fp32_row.split()[1]) > 0
+    assert faults.calls(folder) == 3

@@ -112,6 +112,7 @@ class OpenVINOCPU(GraphBackend):
 
     name = "openvino"
     recipe = OPENVINO_RECIPE
+    searching_references = ("nncf-accuracy-control",)
 
     def __init__(self, intra_op_threads: int = 2, accuracy_budget: float | None = None, metric: str = "cosine"):
         self.ov = openvino_module()

@@ -1,0 +1,124 @@
+"""Which latency estimator holds beside a busy process: one trace of real rounds, every estimator on the same rounds.
+
+One process builds FP32 (the reference), a second FP32 session and all-INT8 of a config, then times them as the
+search's protocol does (rotated rounds, ``warmup`` then ``repeats`` runs of each, the scheduler's run-queue wait read
+per round) for ``--seconds``, optionally beside a busy loop (``--busy-nice``). The trace is then cut into windows of
+``--window`` rounds, one window standing for one measurement, and every estimator reads the same windows:
+
+- ``paired``: the protocol's rule (``autotune.measure._quiet_rounds``: rounds without run-queue wait, the reference
+  within ``quiet_band`` of the process's fastest round, no plan over ``OUTLIER_BAND`` above its lower quartile),
+  the median of the per-round ratios over the first ``rounds`` such rounds;
+- ``floors``: over the rounds without run-queue wait, each runner by the median of its ``rounds`` fastest round
+  medians, the ratio of those (``autotune.measure._from_floors`` on the clear rounds);
+- ``floors-all``: the same over every round, waited or not.
+
+FP32 against itself must read 1; the spread of all-INT8 over the windows is what a user sees run to run.
+
+    python bench/research/estimators.py configs/cnn-cpu.yaml --seconds 60 --busy-nice 10 --out trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+BUSY_LOOP = "while True: pass"
+
+
+def trace(config_path: str, seconds: float) -> dict:
+    """Per round: each runner's run times (reference, FP32 again, all-INT8) and the round's run-queue wait."""
+    from autotune.config import load_config
+    from autotune.harness import TrialRunner
+    from autotune.interference import Sampler
+
+    config = load_config(config_path, [])
+    runner = TrialRunner(config)
+    feeds = runner.datasets["holdout"].batches[0]
+    engines = [runner.reference] + [runner.build(runner.space.uniform(p), config.run_dir) for p in ("fp32", "int8")]
+    warmup, repeats = config.measure.warmup, config.measure.repeats
+    sampler = Sampler()
+    rounds, waits = [], []
+    end = time.perf_counter() + seconds
+    last = sampler.snapshot()
+    while time.perf_counter() < end:
+        times: list[list[float]] = [[] for _ in engines]
+        for index in [(len(rounds) + k) % len(engines) for k in range(len(engines))]:
+            for _ in range(warmup):
+                runner.backend.time_run(engines[index], feeds)
+            times[index] = [runner.backend.time_run(engines[index], feeds) for _ in range(repeats)]
+        now = sampler.snapshot()
+        reading = sampler.reading(last, now)
+        last = now
+        rounds.append(times)
+        waits.append(None if reading is None else reading.waited)
+    return {"rounds": rounds, "waits": waits, "protocol": config.measure.model_dump()}
+
+
+def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
+    """Each estimator's FP32-over-itself and INT8 ratios, one per window of ``window`` rounds."""
+    from autotune.measure import _quiet_rounds
+
+    protocol = data["protocol"]
+    medians = np.array([[np.median(runs) for runs in round_] for round_ in data["rounds"]]).T  # runner x round
+    waits = data["waits"]
+    busy_wait = protocol["busy_wait"] or 1.0
+    need = protocol["rounds"]
+    out: dict[str, dict[str, list[float]]] = {name: {"fp32": [], "int8": []} for name in ("paired", "floors", "all")}
+    fastest_reference = np.inf
+    for start in range(0, medians.shape[1] - window + 1, window):
+        span = range(start, start + window)
+        fastest_reference = min(fastest_reference, medians[0, start : start + window].min())
+        clear = [i for i in span if waits[i] is None or waits[i] <= busy_wait]
+        quiet = _quiet_rounds(medians, clear, protocol["quiet_band"], fastest_reference)[:need]
+        if len(quiet) >= need:
+            ratios = medians[0, quiet] / medians[1:, quiet]
+            out["paired"]["fp32"].append(float(np.median(ratios[0])))
+            out["paired"]["int8"].append(float(np.median(ratios[1])))
+        for name, rows in (("floors", clear), ("all", list(span))):
+            if len(rows) < need:
+                continue
+            floors = np.sort(medians[:, rows], axis=1)[:, :need]
+            ratio = np.median(floors[0] / floors[1:], axis=1)
+            out[name]["fp32"].append(float(ratio[0]))
+            out[name]["int8"].append(float(ratio[1]))
+    return out
+
+
+def summary(values: list[float]) -> dict[str, float | int]:
+    """Count, range, and the largest distance from 1 (FP32) or max over min (INT8)."""
+    if not values:
+        return {"windows": 0}
+    return {"windows": len(values), "min": min(values), "max": max(values), "max_over_min": max(values) / min(values)}
+
+
+def main() -> None:
+    """Traces, with or without a competing busy loop, and prints each estimator's spread over the windows."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--window", type=int, default=16, help="rounds per simulated measurement")
+    parser.add_argument("--busy-nice", type=int, default=None, help="run a busy loop at this niceness beside it")
+    parser.add_argument("--out", help="write the trace and the estimates as JSON")
+    args = parser.parse_args()
+    competitor = None
+    if args.busy_nice is not None:
+        competitor = subprocess.Popen(["nice", "-n", str(args.busy_nice), sys.executable, "-c", BUSY_LOOP])
+    try:
+        data = trace(args.config, args.seconds)
+    finally:
+        if competitor is not None:
+            competitor.kill()
+    results = {name: {k: summary(v) for k, v in rows.items()} for name, rows in estimates(data, args.window).items()}
+    print(json.dumps({"busy_nice": args.busy_nice, "rounds": len(data["rounds"]), **results}, indent=1))
+    if args.out:
+        with open(args.out, "w") as file:
+            json.dump({"busy_nice": args.busy_nice, "estimates": results, **data}, file)
+
+
+if __name__ == "__main__":
+    main()
