@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from autotune.backends import BuildError, get_backend
+from autotune.backends import BuildError, backend_class, get_backend
 from autotune.config import TuneConfig
 from autotune.data import load_dataset
 from autotune.harness import Evaluator, SetupError, load_model, prepare_backend, search_space, with_runtime_shares
@@ -57,7 +57,7 @@ def analyze(
         raise SetupError(str(error)) from error
     if profiles and model_ready is not None:
         model_ready()
-    space = search_space(config, model, backend)
+    space = search_space(config.search, model, backend)
     prepare_backend(backend, model, space)  # a layer the backend cannot build fails here, before a run directory
     return model, space
 
@@ -140,7 +140,7 @@ def float_ops(model: LoadedModel, config: TuneConfig | None = None) -> list[dict
     """
     op_types = {node.name: node.op_type for node in model.proto.graph.node}
     reasons = dict(model.float_ops)
-    if config is not None and config.backend.name == "tensorrt":
+    if config is not None and backend_class(config.backend.name).fp16_base_range_checked:
         from autotune.quant.basetype import range_float_ops
 
         for name, why in range_float_ops(model.proto.graph, "fp16").items():

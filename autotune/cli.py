@@ -29,7 +29,8 @@ from autotune.harness.process import LOG_FORMAT
 from autotune.interference import Busy
 from autotune.measure import compare_rounds
 from autotune.plan import PRECISIONS
-from autotune.tune import STRATEGIES, tune
+from autotune.search.registry import STRATEGIES
+from autotune.tune import tune
 
 
 def _add_config(parser: argparse.ArgumentParser, model_only: bool = False) -> None:
@@ -369,7 +370,7 @@ def _add_search_commands(commands: Any) -> None:
 
     baseline = commands.add_parser("baseline", help="run a baseline strategy on the same harness as the agent")
     _add_config(baseline)
-    baseline.add_argument("--strategy", required=True, choices=STRATEGIES)
+    baseline.add_argument("--strategy", required=True, choices=list(STRATEGIES))
     baseline.add_argument("--budget", type=int, help="builds (default budget.builds of the config)")
     baseline.add_argument("--seed", type=int, default=0, help="the run's seed; its name ends in -STRATEGY-sSEED")
     baseline.add_argument("--no-progress", action="store_true", help="no progress bar or lines, no notes")

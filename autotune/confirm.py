@@ -15,9 +15,7 @@ from autotune.config import ConfigError, TuneConfig
 from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize
-from autotune.harness.memory import (
-    KEY_META,
-)
+from autotune.harness.identity import KEY_META
 from autotune.harness.selfcheck import (
     check_confirmation_timing,
     confirmation_noise,
@@ -116,7 +114,9 @@ def confirm_finalists(
     finalists = [*order[: size.finalists], fp32]
     one_liners = list(one_liners)[: size.references]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
-    confirmed = check_confirmation_timing(evaluator, store, config, confirmed, fp32, one_liners, rounds, size.spare)
+    confirmed = check_confirmation_timing(
+        evaluator, store, config.confirm, confirmed, fp32, one_liners, rounds, size.spare
+    )
     for plan in order[size.finalists : 2 * size.finalists] if size.spare else ():
         if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break

@@ -93,7 +93,7 @@ class PlannerConfig(StrictSection):
     imitation: float = Field(0.9, ge=0, lt=1)
     """Before its first rehearsal, the policy learns to choose the model's best plan with this mean probability per
     step (behaviour cloning), so PPO's first real plans vary that plan instead of following a fresh policy, which
-    the penalty of over-budget plans drives toward FP32; 0: off (``autotune/agent.py``, ``imitate``)."""
+    the penalty of over-budget plans drives toward FP32; 0: off (``autotune/search/agent.py``, ``imitate``)."""
     priors: bool = True
     """Start the additive model from per-layer priors known before any build (single-layer output errors of the
     layerwise calibration, FP32 runtime shares; ``autotune/search/prior.py``): the model's first plan is built

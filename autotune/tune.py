@@ -8,23 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.agent import run_agent
 from autotune.api import analyze, check_data, references
 from autotune.config import ConfigError, TuneConfig
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.deadline import RunDeadline, TrialCosts
-from autotune.harness.memory import (
-    KEY_META,
-    check_comparable,
-    check_resumable,
-    comparability_key,
-    import_runs,
-    prior_inputs,
-    store_prior_inputs,
-)
+from autotune.harness.earlier_runs import import_runs
+from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
 from autotune.harness.prepare import Stages
+from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.selfcheck import (
     check_search_timing,
@@ -38,17 +31,13 @@ from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.runmeta import RunMeta
-from autotune.search.driver import Driver, search_with_seeds, seeded_space
+from autotune.search.agent import AgentPaths, TrialModels
+from autotune.search.driver import Driver
 from autotune.search.estimate import RefittedEstimates
+from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.space import SearchSpace
-from autotune.search.strategies import SEARCHES, Fixed
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
-
-STRATEGIES: tuple[str, ...] = ("ppo", "planner", *SEARCHES, *PRECISIONS)
-"""Every strategy ``tune`` runs, and so ``autotune baseline --strategy`` offers: the agent (the PPO policy with the
-surrogate planner), the planner alone, the searches, and one uniform plan per precision (the usual "build with INT8
-enabled")."""
 
 
 class MonitoredHarness:
@@ -109,17 +98,14 @@ def search(
     Raises:
         ConfigError: The strategy is unknown.
     """
-    if strategy in PRECISIONS:
-        return search_with_seeds(driver, space, lambda _: Fixed(space, strategy), seeded=False)
-    if strategy in SEARCHES:
-        made = SEARCHES[strategy]
-        return search_with_seeds(driver, space, lambda fixed: made(fixed, config, driver.workers), made.independent)
-    if strategy not in ("ppo", "planner"):
-        raise ConfigError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
-    space, fixed = seeded_space(driver, space)
-    if driver.exhausted():
-        return fixed
-    inputs = prior_inputs(config, space, evaluator) if config.planner.priors else None
+    paths = None if run is None else AgentPaths(run.tensorboard, run.checkpoints, resume)
+    models = lambda seeded: _trial_models(config, seeded, evaluator)  # noqa: E731
+    return run_strategy(strategy, driver, space, SearchInputs(config, driver.workers, models, paths))
+
+
+def _trial_models(config: TuneConfig, space: SearchSpace, evaluator: Evaluator) -> TrialModels:
+    """The models of the store's trials for the agent and the planner, from per-layer priors with ``planner.priors``."""
+    inputs = prior_inputs(config.metric.name, space, evaluator) if config.planner.priors else None
     if inputs is not None:
         store_prior_inputs(evaluator.store, inputs)
     fitted = RefittedEstimates(
@@ -130,11 +116,7 @@ def search(
         prior_inputs=inputs,
         prior_weight=config.planner.prior_weight,
     )
-    paths = {"tensorboard_dir": run.tensorboard, "checkpoints": run.checkpoints}
-    run_agent(
-        config, space, driver, fitted, inputs is not None, planner_only=strategy == "planner", resume=resume, **paths
-    )
-    return fixed
+    return TrialModels.refitted(fitted, inputs is not None)
 
 
 def tune(
@@ -268,7 +250,7 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     one_liners = one_liner_plans(evaluator, space.layer_names)
     confirmation = _ConfirmationShape(
         config.confirm.top_k + len(one_liners),
-        confirmation_rounds(config, search_check) or config.confirm.rounds,
+        confirmation_rounds(config.confirm, search_check) or config.confirm.rounds,
         config.measure.warmup + config.confirm.repeats,
     )
     try:
@@ -308,7 +290,7 @@ def _timed_search(
     """The search, its driver's deadline moved after every trial to leave the confirmation the time it needs."""
     config, deadline, store = session.config, session.deadline, session.store
     harness = MonitoredHarness(session.evaluator, session.monitor)
-    driver = Driver.for_config(harness, searched)
+    driver = Driver.for_budget(harness, config.budget, space)
 
     def leave_time_for_the_confirmation() -> None:
         costs = TrialCosts.of(list(store.trials()))

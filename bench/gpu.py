@@ -426,7 +426,9 @@ def run_plans(record: dict[str, Any], args: argparse.Namespace, results: dict[st
     plans = {name: plan for name, plan in entries if not isinstance(plan, str)}
     log(f"{config.name}: ready after {record['setup_s']:.1f} s; {len(plans)} plans side by side")
     write(results, args.out)
-    measured = runner.run_side_by_side(list(plans.values()), CONFIRMATION_SPLIT, confirmation_protocol(config))
+    measured = runner.run_side_by_side(
+        list(plans.values()), CONFIRMATION_SPLIT, confirmation_protocol(config.measure, config.confirm)
+    )
     by_hash = {result.plan_hash: result for result in measured}
     found = {name: by_hash[plan.hash] for name, plan in plans.items()}
     timed = next((result for result in found.values() if result.reference_latency_ms), None)

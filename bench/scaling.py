@@ -131,7 +131,7 @@ def reevaluate(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """
     config = worker_config(args.config, 1, args.cores_per_worker, args.budget, args.out, [*args.set, "name=reeval"])
     config = config.model_copy(update={"execution": config.execution.model_copy(update={"backend": "local"})})
-    protocol = confirmation_protocol(config)
+    protocol = confirmation_protocol(config.measure, config.confirm)
     with TrialStore(args.out / "reevaluate.sqlite") as store, Evaluator(config, store) as evaluator:
         rows = list(results["scaling"].values())
         plans = [Plan.from_dict(json.loads((Path(row["run_dir"]) / "best" / "plan.json").read_text())) for row in rows]

@@ -363,7 +363,7 @@ def test_trials_of_a_cpu_with_other_int8_isa_features_are_not_imported(tmp_path,
     """One CPU model name covers AVX2-only and VNNI CPUs (a VM's "AMD EPYC"): their INT8 trials do not mix."""
     first = tiny_config(tmp_path, name="first", budget={"builds": 2}, ppo={"episodes_per_update": 2})
     tune(first, isolate=False, progress=False)
-    monkeypatch.setattr("autotune.harness.memory.isa_features", lambda: ("a-cpu-other-than-this-one",))
+    monkeypatch.setattr("autotune.harness.identity.isa_features", lambda: ("a-cpu-other-than-this-one",))
     other = tiny_config(tmp_path, name="other", budget={"builds": 2}, from_runs=[str(first.run_dir)])
     with pytest.raises(ConfigError, match=r"not comparable with this run \(machine differ"):
         tune(other, isolate=False, progress=False)
@@ -416,7 +416,7 @@ class _RecordingHarness:
 
 def _search(config, space, harness, strategy):
     """The strategy's search with its seeds, driven over the fake harness; the free knobs fixed."""
-    return search(config, space, Driver.for_config(harness, config), None, None, strategy, False)
+    return search(config, space, Driver.for_budget(harness, config.budget), None, None, strategy, False)
 
 
 @pytest.mark.parametrize("strategy", ["random", "greedy"])
@@ -583,7 +583,7 @@ def test_the_self_checks_and_the_fp32_row_time_the_reference_as_built_not_the_se
 
 
 def test_resume_on_another_machine_is_refused_in_one_line_naming_what_differs(tmp_path):
-    from autotune.harness.memory import KEY_META
+    from autotune.harness.identity import KEY_META
 
     config = tiny_config(tmp_path, budget={"builds": 1})
     tune(config, strategy="random", isolate=False, progress=False)

@@ -7,6 +7,33 @@ from autotune.capabilities import Capabilities, Knob
 from autotune.config import BackendConfig, ModelConfig
 
 
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend a config names, for what it says of itself before one is made.
+
+    Its runtime is not imported.
+
+    Raises:
+        BackendUnavailable: No backend has that name.
+    """
+    if name == "onnxruntime":
+        from autotune.backends.onnxruntime import OnnxRuntimeCPU
+
+        return OnnxRuntimeCPU
+    if name == "openvino":
+        from autotune.backends.openvino import OpenVINOCPU
+
+        return OpenVINOCPU
+    if name == "tensorrt":
+        from autotune.backends.tensorrt import TensorRTBackend
+
+        return TensorRTBackend
+    if name == "torch":
+        from autotune.backends.torch import TorchBackend
+
+        return TorchBackend
+    raise BackendUnavailable(f"backend {name!r} is not available in this version of autotune")
+
+
 def get_backend(
     config: BackendConfig,
     model: ModelConfig | None = None,
@@ -62,6 +89,7 @@ __all__ = [
     "GraphArtifact",
     "GraphBackend",
     "Knob",
+    "backend_class",
     "get_backend",
     "searching_references",
 ]

@@ -49,6 +49,16 @@ class BuildError(RuntimeError):
     """A build failed; the trial records the message and the search goes on."""
 
 
+def _cuda_device_name() -> str | None:
+    """The first CUDA device's name, or None without one (torch is imported only here)."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except (ImportError, RuntimeError):
+        return None
+
+
 class Backend(ABC):
     """Turns plans into engines and runs them.
 
@@ -75,6 +85,21 @@ class Backend(ABC):
     """One-liners whose build is a search of its own (NNCF's accuracy control quantizes, scores and reverts layer
     groups until the drop fits): minutes where a trial's build takes seconds. A run bounded by ``budget.minutes``
     leaves them out unless ``confirm.references`` names them."""
+
+    exports_batch_free: ClassVar[bool] = False
+    """True where a PyTorch model is exported for it without its batch size (the torch backend runs the module and
+    reads only its layers from the graph: a trace at two rows will do)."""
+
+    runs_on_gpu: ClassVar[bool] = False
+    """True where its engines run on a GPU: the GPU's name is then part of the machine's identity."""
+
+    fp16_base_range_checked: ClassVar[bool] = False
+    """True where its typed graph keeps FP32 the ops whose values leave FP16's range in an FP16 base (TensorRT)."""
+
+    @classmethod
+    def device_identity(cls) -> dict[str, Any]:
+        """What identifies the device its engines run on beyond the CPU: the GPU's name (None on the CPU)."""
+        return {"gpu": _cuda_device_name() if cls.runs_on_gpu else None}
 
     @abstractmethod
     def capabilities(self) -> Capabilities:

@@ -214,7 +214,9 @@ class Evaluator:
             plans: The plans to confirm.
             rounds: Rounds instead of ``confirm.rounds`` (more where the run's timing self-check read noise).
         """
-        results = self.measure_side_by_side(plans, "holdout", confirmation_protocol(self.config, rounds))
+        results = self.measure_side_by_side(
+            plans, "holdout", confirmation_protocol(self.config.measure, self.config.confirm, rounds)
+        )
         for plan, result in zip(plans, results, strict=True):
             if plan.reference is not None:
                 self.store.put_reference(result)

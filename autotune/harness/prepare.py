@@ -11,12 +11,12 @@ import hashlib
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.backends import Backend
-from autotune.config import TuneConfig
+from autotune.backends import Backend, backend_class
+from autotune.config import CalibrationConfig, InputConfig, SearchSpaceConfig, TuneConfig
 from autotune.data import Dataset
 from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
 from autotune.plan import CALIBRATION_KNOB, Plan
@@ -51,20 +51,19 @@ class Stages:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def config_inputs(config: TuneConfig) -> list[InputSpec]:
-    """The config's input specs."""
-    return [InputSpec(i.name, tuple(i.shape), i.dtype) for i in config.inputs]
+def config_inputs(inputs: Sequence[InputConfig]) -> list[InputSpec]:
+    """The input specs of the config's ``inputs``."""
+    return [InputSpec(i.name, tuple(i.shape), i.dtype) for i in inputs]
 
 
 def model_file(config: TuneConfig) -> Path:
     """The ONNX file of the config's model, exporting a PyTorch factory on first use (cached by factory and shapes)."""
     if config.model.onnx is not None:
         return config.model.onnx
-    inputs = config_inputs(config)
+    inputs = config_inputs(config.inputs)
     if not inputs:
         raise SetupError("model.torch needs inputs: with names, shapes and dtypes to export the module")
-    # The torch backend runs the module and reads only its layers from the graph: a trace at two rows will do.
-    batch_free = config.backend.name == "torch"
+    batch_free = backend_class(config.backend.name).exports_batch_free
     identity = (config.model.torch, inputs, config.model.opset, *(("batch_free",) if batch_free else ()))
     key = hashlib.sha256(repr(identity).encode()).hexdigest()[:12]
     path = config.cache_dir / "models" / f"{config.model.torch.replace(':', '.')}-{key}.onnx"
@@ -84,7 +83,9 @@ def load_model(config: TuneConfig, file_ready: Callable[[], None] | None = None)
     path = model_file(config)
     if file_ready is not None:
         file_ready()
-    return prepare_model(load_onnx(path), path, config_inputs(config) or None, config.model.include_activation_matmuls)
+    return prepare_model(
+        load_onnx(path), path, config_inputs(config.inputs) or None, config.model.include_activation_matmuls
+    )
 
 
 def with_runtime_shares(model: LoadedModel, backend: Backend, feeds: Mapping[str, Any]) -> LoadedModel:
@@ -96,14 +97,14 @@ def with_runtime_shares(model: LoadedModel, backend: Backend, feeds: Mapping[str
     return model
 
 
-def search_space(config: TuneConfig, model: LoadedModel, backend: Backend) -> SearchSpace:
+def search_space(search: SearchSpaceConfig, model: LoadedModel, backend: Backend) -> SearchSpace:
     """The search space of a run.
 
     Raises:
         SetupError: The config's search restrictions do not fit the backend.
     """
     try:
-        return build_space(model.layers, backend.capabilities(), config.search)
+        return build_space(model.layers, backend.capabilities(), search)
     except ValueError as error:
         raise SetupError(str(error)) from error
 
@@ -126,7 +127,8 @@ def statistics_collector(model: LoadedModel, backend: Backend) -> StatisticsColl
 
 
 def calibrate_ranges(
-    config: TuneConfig,
+    config: CalibrationConfig,
+    cache_dir: Path,
     model: LoadedModel,
     backend: Backend,
     data: Dataset,
@@ -134,11 +136,12 @@ def calibrate_ranges(
 ) -> Calibration:
     """Activation statistics of every tensor a quantized layer needs, cached per model, data and source.
 
-    ``collector``: the backend's own (``statistics_collector``); None: ONNX Runtime runs the ONNX graph.
+    ``config`` is the ``calibration`` section, ``cache_dir`` the run's; ``collector``: the backend's own
+    (``statistics_collector``); None: ONNX Runtime runs the ONNX graph.
     """
     tensors = required_ranges(model.layers, backend.recipe, model.proto)
-    settings = CalibrationSettings(percentile=config.calibration.percentile, num_bins=config.calibration.num_bins)
-    cache = config.cache_dir / "calibration"
+    settings = CalibrationSettings(percentile=config.percentile, num_bins=config.num_bins)
+    cache = cache_dir / "calibration"
     try:
         try:
             return calibrate(model.proto, tensors, data.batches, cache, model.hash, settings, collector)
@@ -154,7 +157,7 @@ def calibrate_ranges(
 
 
 def choose_layerwise(
-    config: TuneConfig,
+    cache_dir: Path,
     model: LoadedModel,
     backend: Backend,
     space: SearchSpace,
@@ -166,7 +169,8 @@ def choose_layerwise(
     """Per-layer calibration recipes, when the search may use ``layerwise`` calibration; None otherwise.
 
     The candidates' errors are measured with ``recipe``, the INT8 scheme of the plans they serve
-    (``Backend.recipe_for``); None: the backend's default ``recipe``.
+    (``Backend.recipe_for``); None: the backend's default ``recipe``. The candidates' errors are cached under
+    ``cache_dir``.
     """
     offered = next((knob.values for knob in space.knobs if knob.name == CALIBRATION_KNOB), ())
     if LAYERWISE not in offered:
@@ -181,7 +185,7 @@ def choose_layerwise(
             calibration,
             data.batches,
             output_index,
-            cache_dir=config.cache_dir / "calibration",
+            cache_dir=cache_dir / "calibration",
             model_hash=model.hash,
             methods=candidates,
             # The bar shows a person where a first run's minutes go; logs and captured output get the summary line.

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from autotune.backends import BackendUnavailable, BuildError, get_backend
-from autotune.config import TuneConfig
+from autotune.config import ConfirmConfig, MeasureConfig, TuneConfig
 from autotune.data import Dataset, load_dataset
 from autotune.harness.prepare import (
     Quantizations,
@@ -47,15 +47,14 @@ BACK_TO_BACK_ROUNDS = 15
 """Back-to-back timings per confirmed plan; their median is ``TrialResult.back_to_back_ms``."""
 
 
-def search_protocol(config: TuneConfig) -> Protocol:
+def search_protocol(measure: MeasureConfig) -> Protocol:
     """The latency protocol of the search's trials: the config's ``measure`` section."""
-    return Protocol(**config.measure.model_dump())
+    return Protocol(**measure.model_dump())
 
 
-def confirmation_protocol(config: TuneConfig, rounds: int | None = None) -> Protocol:
+def confirmation_protocol(measure: MeasureConfig, confirm: ConfirmConfig, rounds: int | None = None) -> Protocol:
     """The confirmation's protocol: ``measure`` with the repeats and rounds of ``confirm`` (or ``rounds``)."""
-    confirm = config.confirm
-    return replace(search_protocol(config), repeats=confirm.repeats, rounds=rounds or confirm.rounds)
+    return replace(search_protocol(measure), repeats=confirm.repeats, rounds=rounds or confirm.rounds)
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ class TrialRunner:
                     gate()
             with stage("model"):
                 self.model = load_model(config)
-                self.space = search_space(config, self.model, self.backend)
+                self.space = search_space(config.search, self.model, self.backend)
                 prepare_backend(self.backend, self.model, self.space)
             with stage("data"):
                 self.datasets: dict[str, Dataset] = {
@@ -141,7 +140,9 @@ class TrialRunner:
         calibrated = None
         if collector is None:
             calibrating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-calibration")
-            calibrated = calibrating.submit(calibrate_ranges, config, self.model, self.backend, calibration_data)
+            calibrated = calibrating.submit(
+                calibrate_ranges, config.calibration, config.cache_dir, self.model, self.backend, calibration_data
+            )
             calibrating.shutdown(wait=False)
         try:  # its error first: calibration runs the FP32 model too, and would fail with a less helpful message
             with stage("fp32_build"):
@@ -155,12 +156,20 @@ class TrialRunner:
             if calibrated is not None:
                 self.calibration = calibrated.result()
             else:
-                self.calibration = calibrate_ranges(config, self.model, self.backend, calibration_data, collector)
+                self.calibration = calibrate_ranges(
+                    config.calibration, config.cache_dir, self.model, self.backend, calibration_data, collector
+                )
         self._calibration_data = calibration_data
         with stage("layerwise"):
             self.use_layerwise(
                 choose_layerwise(
-                    config, self.model, self.backend, self.space, self.calibration, calibration_data, self.output_index
+                    config.cache_dir,
+                    self.model,
+                    self.backend,
+                    self.space,
+                    self.calibration,
+                    calibration_data,
+                    self.output_index,
                 )
             )
         with stage("fp32_outputs"):
@@ -214,7 +223,7 @@ class TrialRunner:
 
         def choose(recipe: QuantRecipe) -> LayerwiseChoices | None:
             return choose_layerwise(
-                self.config,
+                self.config.cache_dir,
                 self.model,
                 self.backend,
                 self.space,
@@ -281,7 +290,7 @@ class TrialRunner:
         Returns:
             One result per plan, in order.
         """
-        protocol = protocol or search_protocol(self.config)
+        protocol = protocol or search_protocol(self.config.measure)
         feeds = self.datasets[split].batches[0]
         results: list[TrialResult | None] = [None] * len(plans)
         pending: list[tuple[int, _Scored]] = []

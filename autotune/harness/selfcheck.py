@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from autotune.config import TuneConfig
+from autotune.config import ConfirmConfig, TuneConfig
 from autotune.harness.evaluator import Evaluator
 from autotune.interference import Busy
 from autotune.measure import SELF_CHECK_BAND, SelfCheck
@@ -80,17 +80,17 @@ def with_measured_noise(config: TuneConfig, check: SelfCheck | None) -> TuneConf
     return config.model_copy(update={"reward": reward})
 
 
-def confirmation_rounds(config: TuneConfig, check: SelfCheck | None) -> int | None:
+def confirmation_rounds(confirm: ConfirmConfig, check: SelfCheck | None) -> int | None:
     """Rounds for the confirmation: widened when the search's self-check left the band, else None (the config's)."""
     if check is None or check.within_band:
         return None
-    return WIDENING * config.confirm.rounds
+    return WIDENING * confirm.rounds
 
 
 def check_confirmation_timing(
     evaluator: Evaluator,
     store: TrialStore,
-    config: TuneConfig,
+    confirm: ConfirmConfig,
     confirmed: list[TrialResult],
     fp32: Plan,
     one_liners: list[Plan],
@@ -106,7 +106,7 @@ def check_confirmation_timing(
     Args:
         evaluator: The run's evaluator.
         store: The run's store (the check goes into its metadata, a repeated confirmation replaces the first).
-        config: The run's config.
+        confirm: The run's ``confirm`` section.
         confirmed: The confirmations of the finalists and FP32.
         fp32: The FP32 plan.
         one_liners: The backend's one-liners confirmed beside them.
@@ -118,21 +118,21 @@ def check_confirmation_timing(
     """
     row = next((r for r in confirmed if r.plan_hash == fp32.hash), None)
     # Checked before a resume: the stored rows are the checked ones.
-    if not config.confirm.self_check or stored_checks(store).get("confirmation"):
+    if not confirm.self_check or stored_checks(store).get("confirmation"):
         return confirmed
     if row is None or not row.ok or not row.speedup:
         return confirmed
     check = SelfCheck.of(row.speedup, row.round_speedups)
-    used = rounds or config.confirm.rounds
+    used = rounds or confirm.rounds
     too_busy = busy_note(confirmed)
-    if (check.within_band and not too_busy) or used >= WIDENING * config.confirm.rounds or not may_widen:
+    if (check.within_band and not too_busy) or used >= WIDENING * confirm.rounds or not may_widen:
         _store(store, confirmation=check.to_dict(), widened_rounds=rounds)
         if not check.within_band:
             say(note(check, "confirmation", f"finalists closer than {check.noise:.1%} are ties"))
         if too_busy:
             say(f"confirmation: {too_busy}")
         return confirmed
-    wider = WIDENING * config.confirm.rounds
+    wider = WIDENING * confirm.rounds
     if too_busy:
         say(f"confirmation: {too_busy}; the finalists are confirmed again in {wider} rounds")
     else:

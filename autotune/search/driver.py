@@ -5,8 +5,10 @@ Below the driver is one harness protocol (:class:`Harness`): the real ``autotune
 by any of them. Above it are the strategies (:mod:`autotune.search.strategies`, the agent's planner and policy), which
 only decide which plans come next.
 
-Store hits are free, so the loop also stops after ``budget.stall_episodes`` plans in a row that built nothing, and
-after ``budget.minutes`` of wall time where the config sets it.
+Store hits are free, so the loop also stops after ``budget.stall_episodes`` plans in a row that built nothing (fewer
+in a space of few plans: :data:`STALLS_PER_PLAN`), and after ``budget.minutes`` of wall time where the config sets it.
+The agent's policy runs its own loop (SB3's ``learn`` steps the env, whose last step builds) as a
+:class:`SelfDriven` search: it builds through the same driver and stops when the driver says so.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from autotune.config import TuneConfig
+from autotune.config import BudgetConfig
 from autotune.plan import KnobValue, Plan
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import Strategy
@@ -39,6 +41,24 @@ class Harness(Protocol):
     def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterable[TrialResult]:
         """Results of the plans (a plan given twice once), store hits first, at most ``limit`` new builds."""
         ...
+
+
+@runtime_checkable
+class SelfDriven(Protocol):
+    """A search that runs its own loop (the agent: SB3's ``learn`` steps the env, whose last step builds a plan).
+
+    Every plan it builds goes through :meth:`Driver.build`, and it stops when :meth:`Driver.exhausted` says so: the
+    driver alone counts the builds, the stalls and the minutes.
+    """
+
+    def drive(self, driver: Driver) -> None:
+        """Searches until ``driver`` is exhausted (or the search has nothing more to propose)."""
+        ...
+
+
+STALLS_PER_PLAN = 4
+"""Store hits in a row, per distinct plan of the space, after which a search of a small space ends: nothing is left
+to measure there (a model with one tunable layer drew 3,491 store hits in 22 builds before its budget ran out)."""
 
 
 class OneByOne:
@@ -82,6 +102,11 @@ class Driver:
         stall: Plans in a row answered from the store after which the loop gives up (``budget.stall_episodes``).
         seconds: Wall time from the driver's creation after which no build starts (``budget.minutes``); None: none.
         clock: Where the time comes from (``time.monotonic``; a test passes its own).
+        plans: Distinct plans of the search space, where known: the stall rule gives up after
+            ``STALLS_PER_PLAN`` store hits in a row per plan when that is sooner.
+
+    Attributes:
+        build_s: Wall seconds spent in builds so far (store hits included), which the agent's compute is paced by.
     """
 
     def __init__(
@@ -91,20 +116,28 @@ class Driver:
         stall: int,
         seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        plans: int | None = None,
     ):
         self.harness = harness
         self.budget = budget
-        self.stall = stall
+        self.stall = stall if plans is None else max(1, min(stall, STALLS_PER_PLAN * plans))
         self.stalled = 0
         self.clock = clock
         self.deadline = None if seconds is None else clock() + seconds
+        self.build_s = 0.0
 
     @classmethod
-    def for_config(cls, harness: Harness, config: TuneConfig) -> Driver:
-        """A driver with the budget, stall rule and time limit of ``config.budget``."""
-        budget = config.budget
+    def for_budget(
+        cls,
+        harness: Harness,
+        budget: BudgetConfig,
+        space: SearchSpace | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Driver:
+        """A driver with the builds, stall rule and time limit of ``budget``, its stalls sized to ``space``."""
         seconds = None if budget.minutes is None else 60 * budget.minutes
-        return cls(harness, budget.builds, budget.stall_episodes, seconds)
+        plans = None if space is None else space.size
+        return cls(harness, budget.builds, budget.stall_episodes, seconds, clock, plans)
 
     @property
     def out_of_time(self) -> bool:
@@ -138,20 +171,29 @@ class Driver:
         """
         if not plans or self.left == 0:
             return []
-        results = list(self.harness.evaluate_many(plans, self.left))
+        started = self.clock()
+        try:
+            results = list(self.harness.evaluate_many(plans, self.left))
+        finally:
+            self.build_s += self.clock() - started
         evaluated = {result.plan_hash for result in results}
         self.stalled += sum(plan.hash in evaluated for plan in plans) - len(evaluated)  # the repeats, yielded once
         for result in results:
             self.stalled = self.stalled + 1 if result.from_store else 0
         return results
 
-    def run(self, strategy: Strategy, ahead: Sequence[Plan] = ()) -> None:
+    def run(self, strategy: Strategy | SelfDriven, ahead: Sequence[Plan] = ()) -> None:
         """The budget loop: the strategy's proposals built and told back, until the budget or the stalls end it.
 
         Args:
-            strategy: What proposes the plans; the loop ends early when it proposes none.
+            strategy: What proposes the plans; the loop ends early when it proposes none. A :class:`SelfDriven`
+                search runs its own loop on this driver.
             ahead: Plans built at the head of the first batch (the uniform seeds of an independent strategy).
         """
+        if isinstance(strategy, SelfDriven):
+            self.build(list(ahead))
+            strategy.drive(self)
+            return
         ahead = list(ahead)
         while not self.exhausted():
             wanted = max(0, self.left - len(ahead)) if strategy.independent and self.workers > 1 else self.workers
@@ -270,7 +312,7 @@ def seeds_ahead(space: SearchSpace, independent: bool, workers: int) -> list[Pla
 def search_with_seeds(
     driver: Driver,
     space: SearchSpace,
-    make_strategy: Callable[[SearchSpace], Strategy],
+    make_strategy: Callable[[SearchSpace], Strategy | SelfDriven],
     independent: bool = False,
     seeded: bool = True,
 ) -> dict[str, KnobValue]:

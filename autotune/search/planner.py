@@ -2,7 +2,7 @@
 
 Its rounds: the opening (with priors), the probes (:mod:`autotune.search.design`), then planning steps (the model's
 best unmeasured plans and one bold plan), then the neighbours of the model's best plan. The agent
-(:mod:`autotune.agent`) builds its planning steps between the PPO policy's rollouts; alone, it is the ``planner``
+(:mod:`autotune.search.agent`) builds its planning steps between the PPO policy's rollouts; alone, it is the ``planner``
 strategy.
 """
 

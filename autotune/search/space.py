@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,12 @@ class SearchSpace:
         """Searchable layer indexes cut into decision groups of ``group_size``, in graph order."""
         searchable = self.searchable
         return [tuple(searchable[i : i + self.group_size]) for i in range(0, len(searchable), self.group_size)]
+
+    @property
+    def size(self) -> int:
+        """Distinct plans the space holds: the precisions of every decision group times every knob's values."""
+        groups = math.prod(len(self.group_choices(group)) for group in self.groups)
+        return groups * math.prod(len(knob.values) for knob in self.knobs)
 
     def group_choices(self, group: Sequence[int]) -> tuple[str, ...]:
         """Precisions every layer of a group allows, in the order of the first layer's choices."""

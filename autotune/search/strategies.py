@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from autotune.config import TuneConfig
+from autotune.config import RewardConfig
 from autotune.extras import require
 from autotune.plan import Plan
 from autotune.search.episode import decisions, plan_from_actions
@@ -44,6 +45,21 @@ class Strategy(Protocol):
     def observe(self, results: list[TrialResult]) -> None:
         """The results of the plans last proposed, in completion order; a plan past the budget has none."""
         ...
+
+
+@dataclass(frozen=True)
+class Aim:
+    """What a search aims at: the accuracy budget of its plans, the reward that ranks them, and its seed.
+
+    Attributes:
+        search_budget: The accuracy drop a searched plan may have (``TuneConfig.search_budget``).
+        reward: How a result is scored.
+        seed: Seeds the search's own randomness.
+    """
+
+    search_budget: float
+    reward: RewardConfig
+    seed: int = 0
 
 
 Steps = Generator[list[Plan], list[TrialResult], None]
@@ -103,9 +119,9 @@ class Random:
 
     independent = True
 
-    def __init__(self, space: SearchSpace, config: TuneConfig, workers: int = 1):
+    def __init__(self, space: SearchSpace, seed: int):
         self.space = space
-        self._rng = np.random.default_rng(config.seed)
+        self._rng = np.random.default_rng(seed)
         self._steps = decisions(space)
 
     def propose(self, n: int) -> list[Plan]:
@@ -164,7 +180,7 @@ def _first_within_budget(
     return None
 
 
-def greedy_steps(space: SearchSpace, config: TuneConfig, workers: int = 1) -> Steps:
+def greedy_steps(space: SearchSpace, aim: Aim, workers: int = 1) -> Steps:
     """The accuracy-first fallback of Polygraphy ``debug precision`` and Intel Neural Compressor, round by round.
 
     Start from all-INT8 (the narrowest precision each layer allows); measure each layer group's sensitivity as
@@ -178,12 +194,12 @@ def greedy_steps(space: SearchSpace, config: TuneConfig, workers: int = 1) -> St
     if not first:
         return
     best_plan, best_result = base, first[0]
-    if not meets_budget(best_result, config.search_budget) and best_result.ok:
+    if not meets_budget(best_result, aim.search_budget) and best_result.ok:
         order = yield from _sensitivities(space, base, best_result.accuracy_drop or 0.0)
-        found = yield from _first_within_budget(base, order, config.search_budget, workers)
+        found = yield from _first_within_budget(base, order, aim.search_budget, workers)
         if found is not None:
             best_plan, best_result = found
-    score = lambda result: reward(result, config.reward, config.search_budget)  # noqa: E731
+    score = lambda result: reward(result, aim.reward, aim.search_budget)  # noqa: E731
     for knob in space.knobs:
         candidates = [best_plan.with_knobs(**{knob.name: value}) for value in knob.values]
         results = _by_hash((yield candidates))
@@ -196,8 +212,8 @@ def greedy_steps(space: SearchSpace, config: TuneConfig, workers: int = 1) -> St
 class Greedy(Stepwise):
     """The greedy search (:func:`greedy_steps`) as a strategy."""
 
-    def __init__(self, space: SearchSpace, config: TuneConfig, workers: int = 1):
-        super().__init__(greedy_steps(space, config, workers))
+    def __init__(self, space: SearchSpace, aim: Aim, workers: int = 1):
+        super().__init__(greedy_steps(space, aim, workers))
 
 
 class Optuna:
@@ -205,13 +221,13 @@ class Optuna:
 
     independent = False
 
-    def __init__(self, space: SearchSpace, config: TuneConfig, workers: int = 1):
+    def __init__(self, space: SearchSpace, aim: Aim):
         optuna = require("optuna", "optuna", "the optuna strategy")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.space = space
-        self.config = config
+        self.aim = aim
         self._steps = decisions(space)
-        self._study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=config.seed))
+        self._study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=aim.seed))
         self._asked: dict[str, list] = {}  # plan hash -> the trials that proposed it (TPE may ask one plan twice)
 
     def propose(self, n: int) -> list[Plan]:
@@ -240,14 +256,8 @@ class Optuna:
         """Tells TPE a result; the accuracy budget is a constraint, feasible when <= 0."""
         if not result.ok:
             trial.set_constraint("accuracy_drop", 1.0)
-            self._study.tell(trial, self.config.reward.failure)
+            self._study.tell(trial, self.aim.reward.failure)
             return
         # Feasible when <= 0: TPE then prefers plans within the accuracy budget.
-        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - self.config.search_budget))
+        trial.set_constraint("accuracy_drop", float(result.accuracy_drop - self.aim.search_budget))
         self._study.tell(trial, math.log(result.speedup))
-
-
-SEARCHES: dict[str, type[Random] | type[Greedy] | type[Optuna]] = {"random": Random, "greedy": Greedy, "optuna": Optuna}
-"""The search strategies by name, each made as ``SEARCHES[name](space, config, workers)``; each precision is a
-strategy too (:class:`Fixed`), and the agent's planner and policy live above them (``autotune.agent``):
-``autotune.tune.STRATEGIES`` lists them all."""

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.harness.memory import lent_runtime_shares, stored_runtime_shares  # noqa: E402
+from autotune.harness.priors import lent_runtime_shares, stored_runtime_shares  # noqa: E402
 from autotune.search.estimate import ACCURACY_KNOBS, fit_surrogate  # noqa: E402
 from autotune.search.select import expected_speedups, profile_model, profile_speedups  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402

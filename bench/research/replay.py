@@ -53,16 +53,16 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.agent import run_agent
 from autotune.api import analyze
 from autotune.config import load_config
-from autotune.harness.memory import PRIOR_META
+from autotune.harness.priors import PRIOR_META
+from autotune.search.agent import AgentPaths, TrialModels
 from autotune.search.design import model_best_plan
-from autotune.search.driver import Driver, OneByOne, search_with_seeds, seeded_space
+from autotune.search.driver import Driver, OneByOne
 from autotune.search.estimate import RefittedEstimates, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
+from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.select import PROFILE_WEIGHT, ranking
-from autotune.search.strategies import SEARCHES
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 from autotune.confirm import finalist_order
@@ -207,7 +207,7 @@ def replay(
         space: The search space.
         seed: Seeds the strategy and the measurement noise.
         noise: Log-normal sigma of a measured speedup.
-        strategy: ``ppo``, ``ppo-noprior``, ``planner`` (the surrogate planner alone) or a search of ``SEARCHES``.
+        strategy: ``ppo``, ``ppo-noprior``, ``planner`` (the surrogate planner alone) or another of ``STRATEGIES``.
         prior: The agent's prior inputs (``PriorInputs``), or None; its runtime shares also rank the finalists.
         held_out: How finalists are confirmed; None skips the confirmation (no ``winner_*`` keys).
     """
@@ -240,23 +240,12 @@ def replay(
 
     started = time.time()
     # The driver, the seeds and the strategies a real run ships, over the simulator as the harness.
-    driver = Driver.for_config(OneByOne(evaluate, lambda: len(built)), config)
-    if agent:
-        seeded, _ = seeded_space(driver, space)
-        with tempfile.TemporaryDirectory() as scratch:
-            run_agent(
-                config,
-                seeded,
-                driver,
-                fitted,
-                use_prior is not None,
-                Path(scratch) / "tb",
-                Path(scratch) / "checkpoints",
-                planner_only=strategy == "planner",
-            )
-    else:
-        made = SEARCHES[strategy]
-        search_with_seeds(driver, space, lambda fixed: made(fixed, config, driver.workers), made.independent)
+    driver = Driver.for_budget(OneByOne(evaluate, lambda: len(built)), config.budget)
+    models = TrialModels.refitted(fitted, use_prior is not None)
+    with tempfile.TemporaryDirectory() as scratch:
+        paths = AgentPaths(Path(scratch) / "tb", Path(scratch) / "checkpoints")
+        inputs = SearchInputs(config, driver.workers, lambda _: models, paths)
+        run_strategy("ppo" if strategy.startswith("ppo") else strategy, driver, space, inputs)
     true = [truth.predict(r.plan) for r in built]
     within = [speedup for speedup, drop in true if drop <= config.search_budget]
     curve, best = [], 1.0
@@ -409,7 +398,7 @@ def main() -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--noise", type=float, default=0.03, help="log-normal sigma of a measured speedup")
     parser.add_argument(
-        "--strategies", nargs="+", choices=("ppo", "ppo-noprior", "planner", *SEARCHES), help="compare these strategies"
+        "--strategies", nargs="+", choices=("ppo-noprior", *STRATEGIES), help="compare these strategies"
     )
     parser.add_argument("--out", help="with --strategies: write every best-so-far curve to this JSON file")
     parser.add_argument("--plans-out", type=Path, help="write the simulator's best plans as plan files to this folder")

@@ -85,10 +85,10 @@ def test_isa_class_names_the_best_int8_kernel_family():
 
 
 def test_the_machine_identity_holds_the_isa_features(tmp_path):
-    from autotune.harness.memory import machine_identity
-    from autotune.testing import tiny_config
+    from autotune.backends import backend_class
+    from autotune.harness.identity import machine_identity
 
-    identity = machine_identity(tiny_config(tmp_path))
+    identity = machine_identity(backend_class("onnxruntime"))
     assert identity["isa"] == list(isa_features())
 
 

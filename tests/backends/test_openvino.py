@@ -12,7 +12,11 @@ from onnx import TensorProto, helper, numpy_helper
 pytest.importorskip("openvino")
 
 from autotune import api  # noqa: E402 - after the skip: every test here needs OpenVINO
-from autotune.backends import BuildError, get_backend  # noqa: E402
+from autotune.backends import (  # noqa: E402
+    BuildError,
+    backend_class,  # noqa: E402
+    get_backend,
+)
 from autotune.backends.onnxruntime import OnnxRuntimeCPU  # noqa: E402
 from autotune.backends.openvino import INFERENCE_PRECISION_KNOB, OpenVINOCPU  # noqa: E402
 from autotune.backends.openvino import backend as ov_backend  # noqa: E402
@@ -20,7 +24,7 @@ from autotune.backends.openvino import properties as ov_properties  # noqa: E402
 from autotune.backends.openvino import references as ov_references  # noqa: E402
 from autotune.config import BackendConfig  # noqa: E402
 from autotune.extras import MissingExtra  # noqa: E402
-from autotune.harness.memory import machine_identity  # noqa: E402
+from autotune.harness.identity import machine_identity  # noqa: E402
 from autotune.model import InputSpec, prepare_model  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
 from autotune.quant.lowering import NONE, Quantization  # noqa: E402
@@ -216,9 +220,9 @@ def test_a_config_naming_openvino_without_the_package_stops_with_one_line(monkey
 
 
 def test_the_machine_identity_of_an_openvino_run_has_the_cpus_bf16(tmp_path):
-    identity = machine_identity(tiny_config(tmp_path, backend={"name": "openvino"}))
+    identity = machine_identity(backend_class("openvino"))
     assert identity["bf16_isa"] == list(ov_properties.bf16_features())
-    assert "bf16_isa" not in machine_identity(tiny_config(tmp_path))  # other backends' keys stay as they were
+    assert "bf16_isa" not in machine_identity(backend_class("onnxruntime"))  # other backends' keys stay as they were
 
 
 def test_a_graph_openvino_cannot_read_is_a_build_error(tiny):

@@ -87,7 +87,7 @@ def test_the_shipped_config_exports_the_model_that_the_factory_builds(tmp_path):
     )
     model = load_model(config)  # exported with torch.onnx.export on first use, cached under cache_dir
     assert list((tmp_path / "models").glob("*.onnx"))
-    assert [spec.shape for spec in config_inputs(config)] == [(8, 3, 224, 224)]
+    assert [spec.shape for spec in config_inputs(config.inputs)] == [(8, 3, 224, 224)]
     assert sum(layer.op_type == "Conv" for layer in model.layers) == 49
     batch = load_dataset(config.data.evaluation, model.inputs, "evaluation").batches[0]
     session = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])

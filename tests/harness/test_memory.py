@@ -8,21 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.backends import backend_class
 from autotune.config import ConfigError
-from autotune.harness.memory import (
+from autotune.harness.earlier_runs import import_runs
+from autotune.harness.identity import (
     KEY_META,
     check_comparable,
     check_resumable,
     comparability_key,
-    import_runs,
     key_differences,
-    lent_runtime_shares,
     machine_identity,
-    prior_inputs,
-    store_prior_inputs,
-    stored_runtime_shares,
 )
 from autotune.harness.prepare import load_model
+from autotune.harness.priors import lent_runtime_shares, prior_inputs, store_prior_inputs, stored_runtime_shares
 from autotune.plan import Plan
 from autotune.search.prior import PriorInputs
 from autotune.store import TrialStore
@@ -110,7 +108,7 @@ def test_prior_inputs_fill_the_unprofiled_layers_shares_by_their_macs():
     space = tiny_space()
     config = _config_of_metric()
     macs = np.array([layer.macs for layer in space.layers], float)
-    inputs = prior_inputs(config, space, _Evaluator(None))
+    inputs = prior_inputs(config.metric.name, space, _Evaluator(None))
     assert inputs.layer_names == tuple(space.layer_names) and inputs.metric == "top1"
     np.testing.assert_allclose(inputs.runtime_shares, macs / macs.sum())
     assert inputs.errors == {} and inputs.chosen == {} and inputs.default_granularity == "per_channel"
@@ -123,7 +121,7 @@ def test_prior_inputs_fill_the_unprofiled_layers_shares_by_their_macs():
         ),
     )
     errors = {"fc1": {"max": 0.1}}
-    inputs = prior_inputs(config, profiled, _Evaluator({"methods": {"fc1": "max"}, "errors": errors}))
+    inputs = prior_inputs(config.metric.name, profiled, _Evaluator({"methods": {"fc1": "max"}, "errors": errors}))
     rest = 0.3 * macs[[1, 3]] / macs[[1, 3]].sum()
     np.testing.assert_allclose(inputs.runtime_shares, [0.5, rest[0], 0.2, rest[1]])
     assert inputs.errors == errors and inputs.chosen == {"fc1": "max"}
@@ -150,7 +148,7 @@ def test_the_comparability_key_follows_the_data_and_machine_not_the_budget(tmp_p
     model = load_model(config)
     key = comparability_key(config, model)
     assert set(key) == {"model", "data", "metric", "calibration", "backend", "measure", "machine", "libraries"}
-    assert key["machine"] == machine_identity(config) and key["machine"]["gpu"] is None
+    assert key["machine"] == machine_identity(backend_class(config.backend.name)) and key["machine"]["gpu"] is None
     assert set(key["libraries"]) == {"onnxruntime", "onnx", "numpy"} and key["model"] == model.hash
     assert comparability_key(config.model_copy(update={"accuracy_budget": 0.5}), model) == key
     data = np.load(config.data.holdout.npz)

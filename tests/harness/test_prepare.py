@@ -37,7 +37,7 @@ def run(tmp_path_factory):
 def test_an_onnx_model_is_its_file_and_a_torch_factory_is_exported_once_per_shapes(tmp_path, monkeypatch):
     config = tiny_config(tmp_path)
     assert model_file(config) == config.model.onnx
-    assert config_inputs(config) == [InputSpec("x", (16, 32), "float32")]
+    assert config_inputs(config.inputs) == [InputSpec("x", (16, 32), "float32")]
     exports = []
 
     def export(factory, inputs, path, opset, batch_free):
@@ -91,11 +91,11 @@ class _Refusing:
 
 def test_space_and_backend_problems_are_setup_errors_naming_the_fix(run):
     config, backend, model, _ = run
-    space = search_space(config, model, backend)
+    space = search_space(config.search, model, backend)
     assert space.layer_names == [layer.name for layer in model.layers]
     bad = config.model_copy(update={"search": config.search.model_copy(update={"knobs": {"no_such_knob": [1]}})})
     with pytest.raises(SetupError, match="no_such_knob"):
-        search_space(bad, model, backend)
+        search_space(bad.search, model, backend)
     refusing = _Refusing(backend)
     with pytest.raises(SetupError, match="cannot build fc1 in INT8: set search.exclude_layers"):
         prepare_backend(refusing, model, space)
@@ -110,7 +110,7 @@ class _Calibration:
 
 def test_the_max_calibration_is_the_range_of_the_calibration_data(run):
     config, backend, model, data = run
-    ranges = calibrate_ranges(config, model, backend, data).ranges("max")
+    ranges = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data).ranges("max")
     x = np.concatenate([batch["x"] for batch in data.batches])
     assert ranges["x"] == pytest.approx((float(x.min()), float(x.max())))
     assert set(ranges) == {"x", "a1", "a2", "a3"}  # the inputs of the INT8-capable layers
@@ -129,18 +129,18 @@ def test_each_plan_gets_the_ranges_of_its_calibration_method(run):
 
 def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_without(run, monkeypatch):
     config, backend, model, data = run
-    calibration = calibrate_ranges(config, model, backend, data)
+    calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
     only_max = config.model_copy(update={"search": config.search.model_copy(update={"calibration_methods": ["max"]})})
-    space = search_space(only_max, model, backend)
-    assert choose_layerwise(only_max, model, backend, space, calibration, data, 0) is None
+    space = search_space(only_max.search, model, backend)
+    assert choose_layerwise(only_max.cache_dir, model, backend, space, calibration, data, 0) is None
 
     def fail(*args, **kwargs):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL")
 
     monkeypatch.setattr(prepare, "choose_layer_methods", fail)
-    space = search_space(config, model, backend)
+    space = search_space(config.search, model, backend)
     with pytest.raises(SetupError, match="layerwise calibration failed: .*FAIL; leave 'layerwise' out of"):
-        choose_layerwise(config, model, backend, space, calibration, data, 0)
+        choose_layerwise(config.cache_dir, model, backend, space, calibration, data, 0)
 
 
 def test_calibration_errors_are_setup_errors(run, monkeypatch):
@@ -151,4 +151,4 @@ def test_calibration_errors_are_setup_errors(run, monkeypatch):
 
     monkeypatch.setattr(prepare, "calibrate", fail)
     with pytest.raises(SetupError, match="calibration failed: tensor h1 is not finite"):
-        calibrate_ranges(config, model, backend, data)
+        calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)

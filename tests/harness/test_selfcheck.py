@@ -59,7 +59,7 @@ def test_a_true_search_check_is_stored_once_and_sets_the_reward_s_tie_noise(tmp_
         assert check_search_timing(evaluator, store, FP32) == check  # a resumed run reuses it
         assert evaluator.calls == [("measure", None)]
         assert stored_checks(store)["search"]["ratio"] == pytest.approx(check.ratio)
-    assert confirmation_rounds(config, check) is None
+    assert confirmation_rounds(config.confirm, check) is None
     assert with_measured_noise(config, check).reward.tie_within == pytest.approx(0.01)
     assert capsys.readouterr().err == ""
 
@@ -69,7 +69,7 @@ def test_a_search_check_outside_the_band_says_so_in_one_line_and_widens_the_conf
     with TrialStore(tmp_path / "trials.sqlite") as store:
         check = check_search_timing(evaluator, store, FP32)
     assert not check.within_band
-    assert confirmation_rounds(config, check) == WIDENING * 4
+    assert confirmation_rounds(config.confirm, check) == WIDENING * 4
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "outside [0.97, 1.03]" in lines[0] and f"{WIDENING * 4} rounds" in lines[0]
 
@@ -86,7 +86,7 @@ def test_no_check_when_the_config_turns_it_off(tmp_path):
     with TrialStore(tmp_path / "trials.sqlite") as store:
         assert check_search_timing(evaluator, store, FP32) is None
         confirmed = [_result(FP32, [0.5])]
-        assert check_confirmation_timing(evaluator, store, config, confirmed, FP32, [], None) == confirmed
+        assert check_confirmation_timing(evaluator, store, config.confirm, confirmed, FP32, [], None) == confirmed
         assert stored_checks(store) == {}
     assert evaluator.calls == []
 
@@ -96,14 +96,14 @@ def test_a_confirmation_whose_fp32_row_leaves_the_band_is_confirmed_again_in_wid
     reference = Plan.reference_plan(["fc1", "fc2"], "ort-static")
     first = [_result(INT8, [1.2] * 4), _result(FP32, [0.9, 0.93, 1.2, 1.25])]
     with TrialStore(tmp_path / "trials.sqlite") as store:
-        again = check_confirmation_timing(evaluator, store, config, first, FP32, [reference], None)
+        again = check_confirmation_timing(evaluator, store, config.confirm, first, FP32, [reference], None)
         assert evaluator.calls == [("confirm", WIDENING * 4)]
         assert [r.plan for r in again] == [INT8, FP32]  # the one-liner's row is not a finalist's
         checks = stored_checks(store)
         assert checks["confirmation"]["within_band"] and checks["widened_rounds"] == WIDENING * 4
         assert confirmation_noise(store) == pytest.approx(0.0)
         # a resumed run does not check (or confirm) again
-        assert check_confirmation_timing(evaluator, store, config, again, FP32, [reference], None) == again
+        assert check_confirmation_timing(evaluator, store, config.confirm, again, FP32, [reference], None) == again
         assert len(evaluator.calls) == 1
     assert "confirmed again in 8 rounds" in capsys.readouterr().err
 
@@ -112,7 +112,7 @@ def test_a_confirmation_already_widened_is_not_repeated_and_its_noise_is_kept_fo
     evaluator = ScriptedEvaluator(config, [])
     confirmed = [_result(INT8, [1.2] * 8), _result(FP32, [0.9, 0.92, 0.95, 1.1])]
     with TrialStore(tmp_path / "trials.sqlite") as store:
-        kept = check_confirmation_timing(evaluator, store, config, confirmed, FP32, [], WIDENING * 4)
+        kept = check_confirmation_timing(evaluator, store, config.confirm, confirmed, FP32, [], WIDENING * 4)
         assert kept == confirmed and evaluator.calls == []
         assert confirmation_noise(store) == pytest.approx(0.05)  # 0.95 from 1, more than half the IQR
         fields = summary_fields(store)
@@ -124,7 +124,7 @@ def test_the_summary_has_no_note_when_every_check_was_true(tmp_path, config):
     evaluator = ScriptedEvaluator(config, [[1.0, 1.01]])
     with TrialStore(tmp_path / "trials.sqlite") as store:
         check_search_timing(evaluator, store, FP32)
-        check_confirmation_timing(evaluator, store, config, [_result(FP32, [1.0, 1.0])], FP32, [], None)
+        check_confirmation_timing(evaluator, store, config.confirm, [_result(FP32, [1.0, 1.0])], FP32, [], None)
         fields = summary_fields(store)
     assert fields["timing_note"] is None and set(fields["self_check"]) >= {"search", "confirmation"}
 
@@ -138,7 +138,7 @@ def test_a_confirmation_the_machine_kept_too_busy_is_confirmed_again_and_said_on
     evaluator = ScriptedEvaluator(config, [[1.0] * 8])
     first = [dataclasses.replace(r, busy=BUSY) for r in (_result(INT8, [1.2] * 4), _result(FP32, [1.0] * 4))]
     with TrialStore(tmp_path / "trials.sqlite") as store:
-        again = check_confirmation_timing(evaluator, store, config, first, FP32, [], None)
+        again = check_confirmation_timing(evaluator, store, config.confirm, first, FP32, [], None)
     assert evaluator.calls == [("confirm", WIDENING * 4)]  # FP32 read true: only the busy machine asked for it
     assert not any(result.too_busy for result in again)
     lines = capsys.readouterr().err.strip().splitlines()

@@ -101,11 +101,11 @@ def test_surrogate_falls_back_to_the_pooled_drop_for_a_rare_setting():
 
 
 def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
-    from autotune.agent import train
+    from autotune.search.agent import AgentPaths, TrialModels, train
     from autotune.search.driver import Driver, OneByOne
 
     def _driver(config, evaluate, builds):
-        return Driver.for_config(OneByOne(evaluate, builds), config)
+        return Driver.for_budget(OneByOne(evaluate, builds), config.budget)
 
     from autotune.testing import synthetic_evaluator, tiny_config
 
@@ -125,9 +125,8 @@ def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
         fits.append(fit_surrogate(seen, defaults))
         return fits[-1]
 
-    model = train(
-        config, space, _driver(config, real, lambda: len(seen)), tmp_path / "tb", tmp_path / "ckpt", surrogate=surrogate
-    )
+    paths = AgentPaths(tmp_path / "tb", tmp_path / "ckpt")
+    model = train(config, space, _driver(config, real, lambda: len(seen)), paths, TrialModels(surrogate=surrogate))
     episode_length = len(decisions(space))
     assert len(seen) == 24  # real builds: exactly the budget
     assert any(fit is not None for fit in fits)

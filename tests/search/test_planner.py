@@ -29,7 +29,7 @@ def _planner_run(tmp_path, builds, **planner):
         return measured[plan.hash]
 
     config = tiny_config(tmp_path, budget={"builds": builds, "stall_episodes": 400}, planner=planner)
-    driver = Driver.for_config(OneByOne(stored, lambda: len(measured)), config)
+    driver = Driver.for_budget(OneByOne(stored, lambda: len(measured)), config.budget)
     model = _FixedModel()
     driver.run(Planner(config, space, lambda: model, lambda: set(measured)))
     return config, space, model, driver, order, measured

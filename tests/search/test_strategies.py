@@ -5,6 +5,7 @@ import pytest
 from autotune.config import ConfigError
 from autotune.search import strategies
 from autotune.search.driver import Driver
+from autotune.search.registry import STRATEGIES, SearchInputs
 from autotune.search.reward import meets_budget
 from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
@@ -60,8 +61,8 @@ def _run(tmp_path, space, harness, name, builds=12, seed=0, accuracy_budget=0.01
     )
     harness.calls = []
     harness.workers = workers
-    driver = Driver.for_config(harness, config)
-    driver.run(strategies.SEARCHES[name](space, config, workers), ahead)
+    driver = Driver.for_budget(harness, config.budget)
+    driver.run(STRATEGIES[name].make(space, SearchInputs(config, workers)), ahead)
     return driver
 
 
@@ -146,7 +147,7 @@ def test_stall_stops_a_strategy_that_only_hits_the_store(tmp_path, space, worker
 def test_the_driver_ends_the_loop_when_the_strategy_proposes_nothing(tmp_path, space):
     harness = Harness(space)
     config = tiny_config(tmp_path, budget={"builds": 10})
-    driver = Driver.for_config(harness, config)
+    driver = Driver.for_budget(harness, config.budget)
     driver.run(strategies.Fixed(space, "int8"))
     assert harness.plans == [space.uniform("int8")] and not driver.exhausted()
 
@@ -162,7 +163,7 @@ def test_a_stepwise_strategy_is_told_its_rounds_results_and_the_budget_cuts_the_
         told.append((yield second))
 
     harness = Harness(space)
-    driver = Driver.for_config(harness, tiny_config(tmp_path, budget={"builds": 3}))
+    driver = Driver.for_budget(harness, tiny_config(tmp_path, budget={"builds": 3}).budget)
     driver.run(strategies.Stepwise(rounds()))
     assert [[r.plan for r in results] for results in told] == [first]
     assert [limit for _, limit in harness.calls] == [3, 1] and harness.plans == [*first, second[0]]

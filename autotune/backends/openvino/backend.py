@@ -102,6 +102,14 @@ class OpenVINOCPU(GraphBackend):
         MissingExtra: The ``openvino`` package is not installed (one line naming the extra).
     """
 
+    @classmethod
+    def device_identity(cls) -> dict[str, Any]:
+        """The CPU's BF16 features too.
+
+        Its BF16 layers exist only where they are, and AVX512_BF16 and AMX decide the speed of its float precisions.
+        """
+        return {**super().device_identity(), "bf16_isa": list(bf16_features())}
+
     name = "openvino"
     recipe = OPENVINO_RECIPE
     searching_references = ("nncf-accuracy-control",)

@@ -116,6 +116,9 @@ class TensorRTBackend(GraphBackend):
         TypeError: ``options`` is not a ``TensorRTOptions``.
     """
 
+    runs_on_gpu = True
+    fp16_base_range_checked = True
+
     name = "tensorrt"
     recipe = TENSORRT
 

@@ -110,6 +110,9 @@ class TorchBackend(Backend):
         TypeError: ``options`` is not a ``TorchOptions`` (validate a dict with ``autotune.config.BackendConfig``).
     """
 
+    exports_batch_free = True
+    runs_on_gpu = True
+
     name = "torch"
     recipe = TORCH
     # A second build of the FP32 reference would run the same kernels in the same kind of CUDA graph, on a second

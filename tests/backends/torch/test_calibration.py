@@ -75,7 +75,9 @@ def test_a_run_calibrates_on_the_backends_device_after_the_fp32_build_and_caches
     monkeypatch.setattr(TorchBackend, "build", remember_build)
     runner = TrialRunner(config)
     assert order[:2] == ["build", "collect"]  # never while the reference is built (a CUDA graph's capture)
-    on_ort = calibrate_ranges(config, runner.model, runner.backend, runner._calibration_data)
+    on_ort = calibrate_ranges(
+        config.calibration, config.cache_dir, runner.model, runner.backend, runner._calibration_data
+    )
     assert set(on_ort.stats) == set(runner.calibration.stats)
     caches = sorted(p.name for p in (config.cache_dir / "calibration").glob("calibration-*.json"))
     assert len(caches) == 2  # one per source: ONNX Runtime's values are not the device's
@@ -89,7 +91,9 @@ def test_a_collector_that_fails_on_the_device_leaves_the_calibration_to_onnx_run
 
     config = runner.config.model_copy(update={"cache_dir": tmp_path})
     broken = StatisticsCollector("torch:cuda", out_of_memory)
-    calibration = calibrate_ranges(config, runner.model, runner.backend, runner._calibration_data, broken)
+    calibration = calibrate_ranges(
+        config.calibration, config.cache_dir, runner.model, runner.backend, runner._calibration_data, broken
+    )
     assert set(calibration.stats) == set(_tensors(runner))
     assert "torch:cuda did not gather the calibration (CUDA out of memory)" in caplog.text
     assert statistics_collector(runner.model, runner.backend) is None  # on the CPU: ONNX Runtime, as before

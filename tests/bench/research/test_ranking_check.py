@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench" / "research"))
 
 from ranking_check import agreement, estimates, main  # noqa: E402
 
-from autotune.harness.memory import store_prior_inputs  # noqa: E402
+from autotune.harness.priors import store_prior_inputs  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
 from autotune.search.prior import PriorInputs  # noqa: E402
 from autotune.store import TrialStore  # noqa: E402

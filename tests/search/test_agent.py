@@ -1,11 +1,11 @@
-"""Tests for autotune.agent beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
+"""Tests for autotune.search.agent beyond the end-to-end runs: the probe plans, interrupts at awkward moments."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from autotune.agent import LATEST, imitate, train
+from autotune.search.agent import LATEST, AgentPaths, TrialModels, imitate, train
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.driver import Driver, OneByOne
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
@@ -23,9 +23,13 @@ def _recording_evaluator(space):
     return real, built
 
 
+def _paths(tmp_path, resume=False):
+    return AgentPaths(tmp_path / "tb", tmp_path / "ckpt", resume)
+
+
 def _driver(config, evaluate, builds):
     """The driver of ``config``'s budget over a plain ``evaluate`` and its build count."""
-    return Driver.for_config(OneByOne(evaluate, builds), config)
+    return Driver.for_budget(OneByOne(evaluate, builds), config.budget)
 
 
 @pytest.mark.parametrize("probes", [True, False])
@@ -38,7 +42,7 @@ def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path,
         ppo={"episodes_per_update": 2, "imagined_episodes": 0},
         planner={"probe_plans": probes},
     )
-    train(config, space, _driver(config, real, lambda: len(built)), tmp_path / "tb", tmp_path / "ckpt")
+    train(config, space, _driver(config, real, lambda: len(built)), _paths(tmp_path))
     expected = probe_plans(space, max_plans=18 // 3)
     assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
     assert (built[: len(expected)] == expected) is probes
@@ -65,9 +69,8 @@ def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
             config,
             space,
             _driver(config, real, lambda: len(built)),
-            tmp_path / "tb",
-            tmp_path / "ckpt",
-            surrogate=lambda: _InterruptedRehearsal(),
+            _paths(tmp_path),
+            TrialModels(surrogate=lambda: _InterruptedRehearsal()),
         )
     assert len(built) == 8  # the probes (an 8-run design for 4 layers), then the interrupted rehearsal
     assert (tmp_path / "ckpt" / LATEST).exists()
@@ -88,8 +91,7 @@ def test_ctrl_c_during_the_probes_still_saves_the_agent(tmp_path):
             config,
             space,
             _driver(config, interrupted_at_the_third_probe, lambda: len(built)),
-            tmp_path / "tb",
-            tmp_path / "ckpt",
+            _paths(tmp_path),
         )
     assert len(built) == 2 and (tmp_path / "ckpt" / LATEST).exists()
 
@@ -124,9 +126,8 @@ def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **planner):
         config,
         space,
         _driver(config, real, lambda: len(built)),
-        tmp_path / "tb",
-        tmp_path / "ckpt",
-        surrogate=lambda: model,
+        _paths(tmp_path),
+        TrialModels(surrogate=lambda: model),
     )
     return config, model, space, built
 
@@ -181,7 +182,7 @@ def test_imitation_makes_the_policys_likeliest_plan_the_given_one():
 
 @pytest.mark.parametrize("target", [0.9, 0.0])
 def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehearsal(tmp_path, monkeypatch, target):
-    from autotune import agent
+    from autotune.search import agent
 
     calls = []
 
@@ -202,10 +203,8 @@ def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehea
         resumed,
         space,
         _driver(resumed, real, lambda: len(built)),
-        tmp_path / "tb",
-        tmp_path / "ckpt",
-        resume=True,
-        surrogate=lambda: model,
+        _paths(tmp_path, resume=True),
+        TrialModels(surrogate=lambda: model),
     )
     assert calls == [] and len(built) == 4
 
@@ -242,12 +241,8 @@ def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_l
         config,
         space,
         _driver(config, real, lambda: len(built)),
-        tmp_path / "tb",
-        tmp_path / "ckpt",
-        estimates=fitted.estimates,
-        surrogate=fitted.surrogate,
-        measured=fitted.measured,
-        prior=fitted.prior,
+        _paths(tmp_path),
+        TrialModels(fitted.surrogate, fitted.estimates, fitted.measured, fitted.prior),
     )
     first = {n for n, p in built[0].precisions if p != "fp32"}
     assert first == {names[0], names[3]}  # fc1 and fc3 together (0.0035) exceed the budget (0.003); fc1 saves more
@@ -270,7 +265,7 @@ def test_ctrl_c_during_a_checkpoint_save_waits_for_the_save_then_interrupts(tmp_
     import os
     import signal
 
-    from autotune import agent
+    from autotune.search import agent
 
     class Model:
         def save(self, path):
@@ -290,54 +285,57 @@ def test_ctrl_c_during_a_checkpoint_save_waits_for_the_save_then_interrupts(tmp_
         signal.signal(signal.SIGINT, before)
 
 
+class _TimedHarness:
+    """A harness whose every build takes ``seconds`` of the fake clock ``now``."""
+
+    def __init__(self, now, seconds, workers=1):
+        self.now, self.seconds, self.workers, self.builds = now, seconds, workers, 0
+
+    def evaluate_many(self, plans, limit=None):
+        from autotune.trial import TrialResult
+
+        for plan in plans:
+            self.now[0] += self.seconds
+            self.builds += 1
+            yield TrialResult.failure(plan, "timed only")
+
+
 def test_the_pace_gives_rehearsals_only_the_episodes_the_builds_time_pays_for():
-    from autotune.agent import ComputePace
+    from autotune.search.agent import ComputePace
 
     now = [0.0]
-    pace = ComputePace(1.0, clock=lambda: now[0])
+    driver = Driver(_TimedHarness(now, 2.0), budget=100, stall=100, clock=lambda: now[0])  # every build takes 2 s
+    pace = ComputePace(1.0, lambda: driver.build_s, clock=lambda: now[0])
+    space = tiny_space()
+    names = space.layer_names
 
-    class OneAtATime:
-        builds, workers = 0, 1
-
-        def evaluate_many(self, plans, limit=None):
-            for plan in plans:
-                now[0] += 2.0  # every build takes 2 s
-                yield plan
-
-    timed = pace.harness(OneAtATime())
-
-    def evaluate(plan):
-        return list(timed.evaluate_many([plan]))
+    def evaluate(index):
+        return driver.build([space.plan({names[index % 4]: "int8", names[(index // 4) % 4]: "int8"})])
 
     assert pace.rehearsal_episodes(128, 8) == 8  # the first rehearsal: one rollout, to time an episode
-    evaluate("plan")
+    evaluate(0)
     now[0] += 0.8  # a rehearsal of 8 episodes took 0.8 s: 0.1 s an episode
     pace.rehearsed(8, 0.8)
     assert pace.build_s == pytest.approx(2.0) and pace.agent_s == pytest.approx(0.8)
     assert pace.rehearsal_episodes(128, 8) == 8  # 1.2 s left: 12 episodes fit, in whole rollouts of 8
     now[0] += 1.2
     assert pace.rehearsal_episodes(128, 8) == 0  # the agent has caught up with its builds
-    for _ in range(20):
-        evaluate("plan")
+    for index in range(20):
+        evaluate(index)
     assert pace.rehearsal_episodes(128, 8) == 128  # builds of 40 s pay for the whole rehearsal
-    assert ComputePace(0.0, clock=lambda: now[0]).rehearsal_episodes(128, 8) == 128  # no limit
+    assert ComputePace(0.0, lambda: 0.0, clock=lambda: now[0]).rehearsal_episodes(128, 8) == 128  # no limit
 
 
 def test_the_pace_counts_the_time_of_builds_side_by_side():
-    from autotune.agent import ComputePace
+    from autotune.search.agent import ComputePace
 
     now = [0.0]
-    pace = ComputePace(1.0, clock=lambda: now[0])
-
-    class SideBySide:
-        builds, workers = 0, 2
-
-        def evaluate_many(self, plans, limit):
-            for plan in plans:
-                now[0] += 1.5
-                yield plan
-
-    assert list(pace.harness(SideBySide()).evaluate_many(["a", "b"], 2)) == ["a", "b"]
+    driver = Driver(_TimedHarness(now, 1.5, workers=2), budget=100, stall=100, clock=lambda: now[0])
+    driver.build_s = 5.0  # the seeds' builds, before the agent started, are not the agent's to spend
+    pace = ComputePace(1.0, lambda: driver.build_s, clock=lambda: now[0])
+    space = tiny_space()
+    names = space.layer_names
+    assert len(driver.build([space.plan({names[0]: "int8"}), space.plan({names[1]: "int8"})])) == 2
     assert pace.build_s == pytest.approx(3.0) and pace.agent_s == pytest.approx(0.0)
 
 
@@ -364,9 +362,7 @@ def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_ye
         config,
         space,
         _driver(config, stored, lambda: len(measured)),
-        tmp_path / "tb",
-        tmp_path / "ckpt",
-        surrogate=lambda: model,
-        measured=lambda: set(measured),
+        _paths(tmp_path),
+        TrialModels(surrogate=lambda: model, measured=lambda: set(measured)),
     )
     assert len(measured) == 12

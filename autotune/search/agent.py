@@ -1,9 +1,15 @@
-"""The agent: sb3-contrib MaskablePPO on the EngineBuild env, with a budget counted in builds."""
+"""The agent: sb3-contrib MaskablePPO on the EngineBuild env, a search the driver ends like any other.
+
+SB3's ``learn`` runs its own loop (it steps the env, whose last step builds a plan), so the agent is a
+:class:`~autotune.search.driver.SelfDriven` search: every plan it builds goes through the run's driver, which alone
+counts the builds, the stalls and the minutes, and the agent stops when the driver says it is exhausted.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +18,7 @@ from autotune.files import atomic_write
 from autotune.interrupt import interrupts_held
 from autotune.plan import Plan
 from autotune.search.design import model_best_plan
-from autotune.search.driver import Driver, Harness
+from autotune.search.driver import Driver
 from autotune.search.estimate import RefittedEstimates, Surrogate
 from autotune.search.planner import Planner
 from autotune.search.prior import LayerPrior
@@ -21,6 +27,48 @@ from autotune.search.strategies import Stepwise
 from autotune.trial import TrialResult
 
 LATEST = "latest.zip"
+
+
+@dataclass(frozen=True)
+class AgentPaths:
+    """Where the agent keeps its files.
+
+    Attributes:
+        tensorboard_dir: Where SB3 writes its losses, entropy and explained variance.
+        checkpoints: Where checkpoints go; ``latest.zip`` is the one ``resume`` loads.
+        resume: Continue from ``checkpoints/latest.zip`` when it exists.
+    """
+
+    tensorboard_dir: Path
+    checkpoints: Path
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class TrialModels:
+    """What the trials so far say, each refitted on every call.
+
+    Attributes:
+        surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
+        estimates: Per-layer estimates fitted from the trials so far, for the observations.
+        measured: Hashes of the plans measured so far: the model's plan is the best one not among them.
+        prior: The per-layer priors (None without): the model's best plan is built before the probes, which vary
+            only the groups the prior leaves open.
+    """
+
+    surrogate: Callable[[], Surrogate | None] = lambda: None
+    estimates: Callable[[], Any] | None = None
+    measured: Callable[[], Collection[str]] | None = None
+    prior: Callable[[], LayerPrior | None] | None = None
+
+    @classmethod
+    def refitted(cls, fitted: RefittedEstimates, with_prior: bool) -> TrialModels:
+        """The models of ``fitted``; its prior only ``with_prior`` (``planner.priors``)."""
+        return cls(fitted.surrogate, fitted.estimates, fitted.measured, fitted.prior if with_prior else None)
+
+    def planner(self, config: TuneConfig, space: SearchSpace, workers: int) -> Planner:
+        """The surrogate planner on these models."""
+        return Planner(config, space, self.surrogate, self.measured, self.prior, workers)
 
 
 class ComputePace:
@@ -33,19 +81,22 @@ class ComputePace:
 
     Args:
         share: The agent's compute allowed per second of building; 0: no limit.
+        built_s: Wall seconds spent building so far (``Driver.build_s``); only what it adds from now on counts.
         clock: Seconds; injectable for tests.
     """
 
-    def __init__(self, share: float, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, share: float, built_s: Callable[[], float], clock: Callable[[], float] = time.perf_counter):
         self.share = share
         self.clock = clock
         self.started = clock()
-        self.build_s = 0.0
+        self._built_s = built_s
+        self._built_before = built_s()
         self.episode_s: float | None = None
 
-    def harness(self, harness: Harness) -> Harness:
-        """``harness``, the wall time of its results counted as building."""
-        return _TimedHarness(harness, self)
+    @property
+    def build_s(self) -> float:
+        """Wall seconds spent building since the start."""
+        return self._built_s() - self._built_before
 
     @property
     def agent_s(self) -> float:
@@ -71,32 +122,6 @@ class ComputePace:
             self.episode_s = seconds / episodes
 
 
-class _TimedHarness:
-    """A harness whose ``evaluate_many`` adds its wall time to a pace's building time."""
-
-    def __init__(self, inner: Harness, pace: ComputePace):
-        self.inner = inner
-        self.pace = pace
-
-    @property
-    def builds(self) -> int:
-        """Builds spent so far (store hits excluded)."""
-        return self.inner.builds
-
-    @property
-    def workers(self) -> int:
-        """Builds that run at once."""
-        return self.inner.workers
-
-    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
-        """See :meth:`Harness.evaluate_many`."""
-        start = self.pace.clock()
-        try:
-            yield from self.inner.evaluate_many(plans, limit)
-        finally:
-            self.pace.build_s += self.pace.clock() - start
-
-
 def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) -> None:
     """Saves ``latest.zip`` atomically, and a numbered copy when given ``builds``; an interrupt waits for the save.
 
@@ -109,48 +134,38 @@ def save_checkpoint(model: Any, checkpoints: Path, builds: int | None = None) ->
         atomic_write(checkpoints / LATEST, model.save)
 
 
-def _make_callback(config: TuneConfig, builds: Callable[[], int], checkpoints: Path, monitor_builds_start: int) -> Any:
+def _make_callback(driver: Driver, checkpoints: Path, every_builds: int, hparams: dict[str, Any]) -> Any:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import HParam
 
     class BudgetCallback(BaseCallback):
-        """Stops at the build budget, checkpoints every N builds, records the hyperparameters once."""
+        """Stops learning when the driver is exhausted, checkpoints every N builds, records the hyperparameters once."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.last_checkpoint = monitor_builds_start
-            self.stalled = 0
-            self.last_builds = builds()
+            self.last_checkpoint = driver.builds
             self.hparams_logged = False
 
         def _on_training_start(self) -> None:
             if self.hparams_logged:  # training resumes after every rehearsal on the model of the trials
                 return
             self.hparams_logged = True
-            hparams = {k: v for k, v in config.ppo.model_dump().items() if not isinstance(v, list)}
-            hparams.update(seed=config.seed, budget=config.budget.builds, accuracy_budget=config.accuracy_budget)
             self.logger.record(
                 "hparams",
                 HParam(hparams, {"train/value_loss": 0.0, "train/entropy_loss": 0.0}),
                 exclude=("stdout", "log", "json", "csv"),
             )
 
-        def _save(self, numbered: bool = True) -> None:
-            save_checkpoint(self.model, checkpoints, builds() if numbered else None)
-
         def _on_step(self) -> bool:
             if not any(self.locals.get("dones", [])):
                 return True
-            done = builds()
-            self.stalled = self.stalled + 1 if done == self.last_builds else 0
-            self.last_builds = done
-            if done - self.last_checkpoint >= config.ppo.checkpoint_every_builds:
-                self.last_checkpoint = done
-                self._save()
-            return done < config.budget.builds and self.stalled < config.budget.stall_episodes
+            if driver.builds - self.last_checkpoint >= every_builds:
+                self.last_checkpoint = driver.builds
+                save_checkpoint(self.model, checkpoints, driver.builds)
+            return not driver.exhausted()
 
         def _on_training_end(self) -> None:
-            self._save(numbered=builds() >= config.budget.builds)
+            save_checkpoint(self.model, checkpoints, driver.builds if driver.builds >= driver.budget else None)
 
     return BudgetCallback()
 
@@ -257,15 +272,15 @@ class _Agent:
     Each method is one part of the loop :meth:`run` reads on one page.
     """
 
-    def __init__(
-        self, config: TuneConfig, space: SearchSpace, driver: Driver, planner: Planner, pace: ComputePace, **paths: Any
-    ):
+    def __init__(self, config: TuneConfig, space: SearchSpace, driver: Driver, paths: AgentPaths, models: TrialModels):
         from stable_baselines3.common.logger import configure
         from stable_baselines3.common.vec_env import DummyVecEnv
 
-        self.config, self.space, self.driver, self.planner, self.pace = config, space, driver, planner, pace
-        self.checkpoints: Path = paths["checkpoints"]
-        make_env = self._env_factory(paths["estimates"])
+        self.config, self.space, self.driver, self.checkpoints = config, space, driver, paths.checkpoints
+        self.planner = models.planner(config, space, driver.workers)
+        # The builds' wall time, which the agent's compute is sized to.
+        self.pace = ComputePace(config.ppo.compute_share, lambda: driver.build_s)
+        make_env = self._env_factory(models.estimates)
         self.real = _real_envs(make_env, driver)
         self.real.seed(config.seed)
         self.current: Surrogate | None = None  # the model of the trials the imagined episodes are scored by
@@ -276,9 +291,9 @@ class _Agent:
         n_steps = -(-config.ppo.episodes_per_update // envs) * episode_length  # per env
         self.rollout = n_steps * envs
         self.rollout_episodes = self.rollout // episode_length
-        self.model = self._policy(n_steps, paths["resume"])
-        self.model.set_logger(configure(str(paths["tensorboard_dir"]), ["csv", "tensorboard"]))
-        self.fresh = not paths["resume"]
+        self.model = self._policy(n_steps, paths.resume)
+        self.model.set_logger(configure(str(paths.tensorboard_dir), ["csv", "tensorboard"]))
+        self.fresh = not paths.resume
         # A policy that has learned (a resumed run's) is not cloned again: that would undo what it learned.
         self.cloned = self.model.num_timesteps > 0
 
@@ -321,32 +336,34 @@ class _Agent:
             verbose=0,
         )
 
+    def _hparams(self) -> dict[str, Any]:
+        """The run's hyperparameters, for TensorBoard."""
+        config = self.config
+        hparams = {k: v for k, v in config.ppo.model_dump().items() if not isinstance(v, list)}
+        return {**hparams, "seed": config.seed, "budget": self.driver.budget, "accuracy_budget": config.accuracy_budget}
+
     def run(self) -> None:
-        """The planner's opening and probes, then rehearsal, planning step and real rollout, until the budget."""
+        """The planner's opening and probes, then rehearsal, planning step and rollout, until the driver says stop."""
         config, driver = self.config, self.driver
         driver.run(Stepwise(self.planner.opening()))
         if config.planner.probe_plans:
             driver.build(self.planner.probes())  # on a resumed run the store answers the probes already built
-        callback = _make_callback(config, lambda: driver.builds, self.checkpoints, driver.builds)
-        # The budget counts builds, not steps: the callback stops training; this bound only guards a runaway loop.
-        for _ in range((config.budget.builds + config.budget.stall_episodes) * 50):
+        driver.stalled = 0  # the opening and probes a resumed run finds in its store say nothing about the policy
+        callback = _make_callback(driver, self.checkpoints, config.ppo.checkpoint_every_builds, self._hparams())
+        while not driver.exhausted():
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
             self.current = self.planner.surrogate() if config.ppo.imagined_episodes else None
             self.rehearse()
             if self.plan():  # a rollout would build at least one plan more
-                save_checkpoint(self.model, self.checkpoints, driver.builds)
-                return
+                break
             self.model.set_env(self.real)
             self.model.learn(self.rollout, callback=callback, reset_num_timesteps=self.fresh, log_interval=1)
             self.fresh = False
-            if driver.left and callback.stalled >= config.budget.stall_episodes:
+            if driver.left and driver.stalled >= driver.stall:
                 # A converged policy repeats plans the store answers for free: the budget left goes to plans not
-                # built yet, and the run ends early only when there are none.
-                unbuilt = self.planner.unbuilt(self.current, driver.workers, config.seed + driver.builds)
-                driver.build(unbuilt)
-                callback.stalled = 0 if unbuilt else callback.stalled
-            if not driver.left or callback.stalled >= config.budget.stall_episodes:
-                return
+                # built yet (whose builds end the stall), and the run ends early only when there are none.
+                driver.build(self.planner.unbuilt(self.current, driver.workers, config.seed + driver.builds))
+        save_checkpoint(self.model, self.checkpoints, driver.builds if driver.builds >= driver.budget else None)
 
     def rehearse(self) -> None:
         """Clones a fresh policy toward the model's best plan once, then learns from the episodes the pace allows."""
@@ -375,18 +392,9 @@ class _Agent:
 
 
 def train(
-    config: TuneConfig,
-    space: SearchSpace,
-    driver: Driver,
-    tensorboard_dir: Path,
-    checkpoints: Path,
-    resume: bool = False,
-    estimates: Callable[[], Any] | None = None,
-    surrogate: Callable[[], Surrogate | None] | None = None,
-    measured: Callable[[], Collection[str]] | None = None,
-    prior: Callable[[], LayerPrior | None] | None = None,
+    config: TuneConfig, space: SearchSpace, driver: Driver, paths: AgentPaths, models: TrialModels | None = None
 ) -> Any:
-    """Trains MaskablePPO until the build budget is spent; the planner's plans are built between its rollouts.
+    """Trains MaskablePPO until the driver is exhausted; the planner's plans are built between its rollouts.
 
     With ``planner.probe_plans``, an orthogonal design of plans is built first (:mod:`autotune.search.design`). A
     fresh policy is then cloned toward the model's best plan (``planner.imitation``, :func:`imitate`). Then real
@@ -398,78 +406,37 @@ def train(
     built together, and each planning step builds ``workers * planner.model_plans`` plans side by side.
 
     Args:
-        config: The run's config (``ppo``, ``planner``, ``seed``, ``budget``, ``reward``).
+        config: The run's config (``ppo``, ``planner``, ``seed``, ``reward``, the accuracy budgets).
         space: The search space.
-        driver: Builds the plans within the budget (:class:`~autotune.search.driver.Driver`).
-        tensorboard_dir: Where SB3 writes its losses, entropy and explained variance.
-        checkpoints: Where checkpoints go; ``latest.zip`` is the one ``resume`` loads.
-        resume: Continue from ``checkpoints/latest.zip`` when it exists.
-        estimates: Per-layer estimates fitted from the trials so far, for the observations.
-        surrogate: The additive model of the trials so far (None while too few), for imagined episodes.
-        measured: Hashes of the plans measured so far: the model's plan is the best one not among them.
-        prior: The per-layer priors (None without): the model's best plan is built before the probes, which vary
-            only the groups the prior leaves open.
+        driver: Builds the plans and ends the search (:class:`~autotune.search.driver.Driver`).
+        paths: Where the agent's logs and checkpoints go, and whether it resumes.
+        models: What the trials so far say (none: no rehearsal, no planning step).
 
     Returns:
         The trained model.
     """
-    planner = Planner(config, space, surrogate or (lambda: None), measured, prior, driver.workers)
-    harness = driver.harness
     agent = None
     try:
-        pace = ComputePace(config.ppo.compute_share)
-        driver.harness = pace.harness(harness)  # the builds' wall time, which the agent's compute is sized to
-        paths = {"tensorboard_dir": tensorboard_dir, "checkpoints": checkpoints}
-        agent = _Agent(config, space, driver, planner, pace, resume=resume, estimates=estimates, **paths)
+        agent = _Agent(config, space, driver, paths, models or TrialModels())
         agent.run()
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
         # (The interrupt may come during the probes or a rehearsal, before the callback was attached to the model.)
         if agent is not None:
-            save_checkpoint(agent.model, checkpoints, driver.builds)
+            save_checkpoint(agent.model, paths.checkpoints, driver.builds)
         raise
-    finally:
-        driver.harness = harness
     return agent.model
 
 
-def run_agent(
-    config: TuneConfig,
-    space: SearchSpace,
-    driver: Driver,
-    fitted: RefittedEstimates,
-    with_prior: bool,
-    tensorboard_dir: Path,
-    checkpoints: Path,
-    resume: bool = False,
-    planner_only: bool = False,
-) -> None:
-    """The agent's search on the model of the trials ``fitted``: the PPO policy with the planner, or the planner alone.
+@dataclass(frozen=True)
+class PolicySearch:
+    """The agent (the PPO policy with the surrogate planner) as a search the driver runs: see :func:`train`."""
 
-    Args:
-        config: The run's config.
-        space: The search space (the free knobs fixed).
-        driver: Builds the plans within the budget.
-        fitted: The per-layer estimates and the additive model, refitted as trials come in.
-        with_prior: ``fitted`` starts from per-layer priors (``planner.priors``).
-        tensorboard_dir: Where SB3 writes its logs.
-        checkpoints: Where the policy's checkpoints go.
-        resume: Continue the policy of ``checkpoints/latest.zip``.
-        planner_only: The planner alone, as a strategy of its own (no policy).
-    """
-    prior = fitted.prior if with_prior else None
-    if planner_only:
-        driver.run(Planner(config, space, fitted.surrogate, fitted.measured, prior, driver.workers))
-        return
-    train(
-        config,
-        space,
-        driver,
-        tensorboard_dir,
-        checkpoints,
-        resume,
-        fitted.estimates,
-        fitted.surrogate,
-        fitted.measured,
-        prior=prior,
-    )
+    config: TuneConfig
+    space: SearchSpace
+    paths: AgentPaths
+    models: TrialModels
+
+    def drive(self, driver: Driver) -> None:
+        """Trains the policy on ``driver`` until it is exhausted."""
+        train(self.config, self.space, driver, self.paths, self.models)
