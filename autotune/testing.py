@@ -92,6 +92,33 @@ def tiny_sequence_model(features: int = 16, hidden: int = 8, seed: int = 0) -> o
     return model
 
 
+def data_propagated_reshape_model() -> onnx.ModelProto:
+    """X [4, 256] @ W [256, 128] (128 KiB, above the shape stub threshold), reshaped by a shape computed from x's.
+
+    Its output shape is known only through data propagation: what shape inference without weight bytes must keep.
+    """
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((256, 128)).astype(np.float32), "W")
+    minus_one = numpy_helper.from_array(np.array([-1], np.int64), "minus_one")
+    index = numpy_helper.from_array(np.array([0], np.int64), "index")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul"),
+        helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
+        helper.make_node("Gather", ["x_shape", "index"], ["rows"], name="rows"),
+        helper.make_node("Concat", ["rows", "minus_one"], ["target"], axis=0, name="target"),
+        helper.make_node("Reshape", ["y", "target"], ["z"], name="reshape"),
+        helper.make_node("Relu", ["z"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stubbed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 256])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [weight, minus_one, index],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
+
+
 def write_sequence_samples(path: Path, samples: int = 40, seq: int = 12, features: int = 16, seed: int = 0) -> Path:
     """Writes samples of ``tiny_sequence_model`` (``x`` and ``mask``, samples first) into one ``.npz`` at ``path``."""
     rng = np.random.default_rng(seed)
