@@ -22,9 +22,11 @@ from autotune.intake import INITIALIZER, Rejection, fold_weight_constants, no_la
 from autotune.optypes import (
     FOLDED_ACTIVATIONS,
     INT8_OUTPUT_OP_TYPES,
+    RECURRENT_OP_TYPES,
     WEIGHTED_OP_TYPES,
     WEIGHTLESS_OP_TYPES,
 )
+from autotune.rnn import recurrent_weights
 from autotune.shapes import infer_shapes_in_place
 from autotune.units import GraphIndex
 
@@ -443,6 +445,9 @@ def build_layer_table(
 
     layers: list[Layer] = []
     for position, node in enumerate(graph.node):
+        if node.op_type in RECURRENT_OP_TYPES:
+            _add_recurrent_layer(node, layers, reasons, initializers, shapes, depths[node.name])
+            continue
         if node.op_type in WEIGHTED_OP_TYPES:
             weight_index = weight_slot(node, index, include_activation_matmuls)
         elif node.op_type in WEIGHTLESS_OP_TYPES:
@@ -554,3 +559,39 @@ def weight_array(model: onnx.ModelProto, name: str) -> np.ndarray:
         if init.name == name:
             return numpy_helper.to_array(init)
     raise KeyError(name)
+
+
+def _add_recurrent_layer(
+    node: onnx.NodeProto,
+    layers: list[Layer],
+    reasons: dict[str, str],
+    initializers: Mapping[str, onnx.TensorProto],
+    shapes: dict[str, tuple[int, ...]],
+    depth: int,
+) -> None:
+    """Appends an LSTM or GRU with constant weights to ``layers`` (``autotune.rnn``), else says why in ``reasons``."""
+    x_shape = _shape_of(shapes, node.input[0])
+    found = recurrent_weights(node, initializers, x_shape)
+    if isinstance(found, str):
+        reasons[node.name] = found
+        return
+    output = next(name for name in node.output if name)
+    layers.append(
+        Layer(
+            name=node.name,
+            op_type=node.op_type,
+            index=len(layers),
+            activation_inputs=(),  # its INT8 form quantizes them at run time
+            weight=found.weight,
+            weight_axis=1,  # the gate rows of [directions, gates * hidden, input]
+            bias=found.bias,
+            output=output,
+            input_shapes=(x_shape,),
+            output_shape=_shape_of(shapes, output),
+            macs=found.macs,
+            params=found.params,
+            depth=depth,
+            nodes=(node.name,),
+            weight_source=INITIALIZER,
+        )
+    )

@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     (
         "autotune.model",
+        "autotune.rnn",
         "autotune.autoconfig",
         "autotune.torch_export",
         "autotune.intake",
