@@ -110,4 +110,3 @@ def _import_domain(model: onnx.ModelProto, domain: str, version: int) -> None:
     """Adds ``domain`` to the model's opset imports where it is missing."""
     if not any(op.domain == domain for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(domain, version))
-
