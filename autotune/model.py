@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib
-import os
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +19,12 @@ from autotune.intake import INITIALIZER, Rejection, fold_weight_constants, no_la
 from autotune.optypes import (
     FOLDED_ACTIVATIONS,
     INT8_OUTPUT_OP_TYPES,
+    RECURRENT_OP_TYPES,
     WEIGHTED_OP_TYPES,
     WEIGHTLESS_OP_TYPES,
 )
-from autotune.shapes import infer_shapes_in_place
+from autotune.rnn import recurrent_weights
+from autotune.shapes import infer_shapes_in_place, known_shapes
 from autotune.units import GraphIndex
 
 
@@ -279,57 +278,6 @@ def resolve_inputs(model: onnx.ModelProto, configured: Sequence[InputSpec] | Non
     return resolved
 
 
-def _value_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
-    for value in [*graph.input, *graph.value_info, *graph.output]:
-        dims = value.type.tensor_type.shape.dim
-        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
-    for init in graph.initializer:
-        shapes[init.name] = tuple(init.dims)
-    return shapes
-
-
-def _known_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape that shape inference resolved (-1 for an unknown dim).
-
-    ONNX's own inference stops at pads computed in the graph (``torch.onnx.export`` writes TensorFlow-style "same"
-    padding as Shape/Slice/Concat arithmetic), which leaves every later conv without a shape and so without MACs.
-    ONNX Runtime's symbolic shape inference propagates through that arithmetic, so it fills what ONNX left open.
-    """
-    shapes = _value_shapes(model.graph)
-    weighted_outputs = [n.output[0] for n in model.graph.node if n.op_type in WEIGHTED_OP_TYPES and n.output]
-    if all(_resolved(shapes.get(name, ())) for name in weighted_outputs):
-        return shapes
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        # When it cannot infer every shape, ORT saves its partial model (sym_shape_infer_temp.onnx and a .data file
-        # per tensor) into the working directory before raising: run it in a scratch directory, not the user's.
-        with tempfile.TemporaryDirectory(prefix="autotune-shapes-") as scratch, _working_directory(scratch):
-            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    except Exception:  # a best effort for MACs: unknown shapes stay unknown, as before
-        return shapes
-    for name, shape in _value_shapes(symbolic.graph).items():
-        if _resolved(shape) and not _resolved(shapes.get(name, ())):
-            shapes[name] = shape
-    return shapes
-
-
-@contextlib.contextmanager
-def _working_directory(path: str) -> Iterator[None]:
-    """``contextlib.chdir`` (Python 3.11+) for 3.10."""
-    previous = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-
-
-def _resolved(shape: tuple[int, ...]) -> bool:
-    return bool(shape) and all(d > 0 for d in shape)
-
-
 def _shape_of(value_info: dict[str, tuple[int, ...]], name: str) -> tuple[int, ...]:
     return value_info.get(name, ())
 
@@ -437,6 +385,9 @@ def build_layer_table(
     reasons: dict[str, str] = {}
     layers: list[Layer] = []
     for position, node in enumerate(model.graph.node):
+        if node.op_type in RECURRENT_OP_TYPES:
+            _add_recurrent_layer(node, layers, reasons, walk.index.initializers, walk.shapes, walk.depths[node.name])
+            continue
         slot = _slot_or_reason(node, position, walk, include_activation_matmuls)
         if isinstance(slot, str):
             if slot:
@@ -473,8 +424,8 @@ class _TableWalk:
         self.graph = model.graph
         self.index = GraphIndex(model.graph)
         self.int8_tensors: set[str] = set()
-        self._shapes = _known_shapes(model)
-        self._depths = _depths(model.graph)
+        self.shapes = known_shapes(model, WEIGHTED_OP_TYPES)
+        self.depths = _depths(model.graph)
         self._weight_sources = weight_sources
 
     def layer(self, node: onnx.NodeProto, position: int, weight_index: int | None, number: int) -> Layer:
@@ -490,8 +441,8 @@ class _TableWalk:
         has_bias = weighted and len(node.input) > 2 and node.input[2] in initializers
         bias = node.input[2] if has_bias else None
         weight_shape = tuple(initializers[weight].dims) if weight else ()
-        in_shapes = [_shape_of(self._shapes, name) for name in activations]
-        out_shape = _shape_of(self._shapes, node.output[0])
+        in_shapes = [_shape_of(self.shapes, name) for name in activations]
+        out_shape = _shape_of(self.shapes, node.output[0])
         params = int(np.prod(weight_shape)) if weight else 0
         if bias:
             params += int(np.prod(initializers[bias].dims))
@@ -514,7 +465,7 @@ class _TableWalk:
             output_shape=out_shape,
             macs=macs,
             params=params,
-            depth=self._depths[node.name],
+            depth=self.depths[node.name],
             nodes=self._covered(node, position, activations),
             weight_source=self._weight_sources.get(weight, INITIALIZER) if weight else None,
         )
@@ -575,3 +526,39 @@ def weight_array(model: onnx.ModelProto, name: str) -> np.ndarray:
         if init.name == name:
             return numpy_helper.to_array(init)
     raise KeyError(name)
+
+
+def _add_recurrent_layer(
+    node: onnx.NodeProto,
+    layers: list[Layer],
+    reasons: dict[str, str],
+    initializers: Mapping[str, onnx.TensorProto],
+    shapes: dict[str, tuple[int, ...]],
+    depth: int,
+) -> None:
+    """Appends an LSTM or GRU with constant weights to ``layers`` (``autotune.rnn``), else says why in ``reasons``."""
+    x_shape = _shape_of(shapes, node.input[0])
+    found = recurrent_weights(node, initializers, x_shape)
+    if isinstance(found, str):
+        reasons[node.name] = found
+        return
+    output = next(name for name in node.output if name)
+    layers.append(
+        Layer(
+            name=node.name,
+            op_type=node.op_type,
+            index=len(layers),
+            activation_inputs=(),  # its INT8 form quantizes them at run time
+            weight=found.weight,
+            weight_axis=1,  # the gate rows of [directions, gates * hidden, input]
+            bias=found.bias,
+            output=output,
+            input_shapes=(x_shape,),
+            output_shape=_shape_of(shapes, output),
+            macs=found.macs,
+            params=found.params,
+            depth=depth,
+            nodes=(node.name,),
+            weight_source=INITIALIZER,
+        )
+    )

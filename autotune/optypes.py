@@ -16,6 +16,8 @@ TunableOp = Literal[
     "GlobalAveragePool",
     "Sigmoid",
     "LeakyRelu",
+    "LSTM",
+    "GRU",
 ]
 """An op type whose precision a plan chooses (the config's ``search.op_types`` takes these)."""
 
@@ -31,7 +33,14 @@ MATMUL_OP_TYPES: tuple[str, ...] = ("MatMul", "Gemm")
 CONV_OP_TYPES: tuple[str, ...] = ("Conv", "ConvTranspose")
 """Tunable ops that are convolutions."""
 
-WEIGHTLESS_OP_TYPES: tuple[str, ...] = tuple(op for op in TUNABLE_OP_TYPES if op not in WEIGHTED_OP_TYPES)
+RECURRENT_OP_TYPES: tuple[str, ...] = ("LSTM", "GRU")
+"""Recurrent ops (ONNX ``LSTM``, ``GRU``): one layer each, whose weights are its input and recurrence matrices. Their
+INT8 form is dynamic (the kernel quantizes the activations at run time), so they need no calibrated range and their
+output stays float; which of them a backend can run in INT8 is its own (``autotune.quant.recurrent``)."""
+
+WEIGHTLESS_OP_TYPES: tuple[str, ...] = tuple(
+    op for op in TUNABLE_OP_TYPES if op not in WEIGHTED_OP_TYPES and op not in RECURRENT_OP_TYPES
+)
 """Ops without a weight that keep INT8 between quantized layers: ONNX Runtime has integer kernels for them
 (QLinearAdd, QLinearMul, QLinearConcat, QLinearAveragePool, QLinearGlobalAveragePool, QLinearSigmoid,
 QLinearLeakyRelu), as its QDQ quantizer assumes. One is a layer only where every input it reads comes from a layer

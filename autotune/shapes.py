@@ -4,10 +4,16 @@
 back serialized again: 3.1 s for the BERT-large-shaped encoder's 530 MB on the CPU VM, in both of a run's processes.
 It reads only the type and dims of an initializer, and the values of the small ones a shape is computed from, so
 here it runs on a copy whose large initializers are stubs with no bytes: 0.08 s for the encoder, the same result
-(``bench/research/shape_inference.py``).
+(``bench/research/shape_inference.py``). ``known_shapes`` reads every tensor's shape that inference resolved, with
+ONNX Runtime's symbolic inference where ONNX's stops.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Collection, Iterator
 
 import onnx
 from onnx import shape_inference
@@ -78,3 +84,55 @@ def infer_shapes_in_place(model: onnx.ModelProto, data_prop: bool = False) -> No
         if field.name != "initializer":
             model.graph.ClearField(field.name)
     _copy_fields(inferred.graph, model.graph, but="initializer")
+
+
+def _value_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in [*graph.input, *graph.value_info, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in dims)
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes
+
+
+def known_shapes(model: onnx.ModelProto, weighted_op_types: Collection[str]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape that shape inference resolved (-1 for an unknown dim).
+
+    ONNX's own inference stops at pads computed in the graph (``torch.onnx.export`` writes TensorFlow-style "same"
+    padding as Shape/Slice/Concat arithmetic), which leaves every later conv without a shape and so without MACs.
+    ONNX Runtime's symbolic shape inference propagates through that arithmetic, so it fills what ONNX left open,
+    where an output of a node of ``weighted_op_types`` is still unknown.
+    """
+    shapes = _value_shapes(model.graph)
+    weighted_outputs = [n.output[0] for n in model.graph.node if n.op_type in weighted_op_types and n.output]
+    if all(_resolved(shapes.get(name, ())) for name in weighted_outputs):
+        return shapes
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        # When it cannot infer every shape, ORT saves its partial model (sym_shape_infer_temp.onnx and a .data file
+        # per tensor) into the working directory before raising: run it in a scratch directory, not the user's.
+        with tempfile.TemporaryDirectory(prefix="autotune-shapes-") as scratch, _working_directory(scratch):
+            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    except Exception:  # a best effort for MACs: unknown shapes stay unknown, as before
+        return shapes
+    for name, shape in _value_shapes(symbolic.graph).items():
+        if _resolved(shape) and not _resolved(shapes.get(name, ())):
+            shapes[name] = shape
+    return shapes
+
+
+@contextlib.contextmanager
+def _working_directory(path: str) -> Iterator[None]:
+    """``contextlib.chdir`` (Python 3.11+) for 3.10."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def _resolved(shape: tuple[int, ...]) -> bool:
+    return bool(shape) and all(d > 0 for d in shape)

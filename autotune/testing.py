@@ -93,6 +93,113 @@ def tiny_sequence_model(features: int = 16, hidden: int = 8, seed: int = 0) -> o
     return model
 
 
+def data_propagated_reshape_model() -> onnx.ModelProto:
+    """X [4, 256] @ W [256, 128] (128 KiB, above the shape stub threshold), reshaped by a shape computed from x's.
+
+    Its output shape is known only through data propagation: what shape inference without weight bytes must keep.
+    """
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((256, 128)).astype(np.float32), "W")
+    minus_one = numpy_helper.from_array(np.array([-1], np.int64), "minus_one")
+    index = numpy_helper.from_array(np.array([0], np.int64), "index")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul"),
+        helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
+        helper.make_node("Gather", ["x_shape", "index"], ["rows"], name="rows"),
+        helper.make_node("Concat", ["rows", "minus_one"], ["target"], axis=0, name="target"),
+        helper.make_node("Reshape", ["y", "target"], ["z"], name="reshape"),
+        helper.make_node("Relu", ["z"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "stubbed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 256])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [weight, minus_one, index],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
+
+
+def tiny_recurrent_model(
+    batch: int = 8, seq: int = 12, features: int = 16, hidden: int = 32, classes: int = 10, seed: int = 0
+) -> onnx.ModelProto:
+    """A speech-style encoder: an ONNX ``LSTM``, then a ``GRU``, then a ``Gemm`` classifier on the last state.
+
+    ``x`` is ``[batch, seq, features]`` (samples first, as a batch-first PyTorch export), transposed to the
+    time-major layout ONNX's recurrent ops read. The LSTM has ``hidden`` units, the GRU ``hidden // 2`` (with
+    ``linear_before_reset``, as PyTorch exports it); both carry biases. Output ``logits`` is ``[batch, classes]``.
+    """
+    rng = np.random.default_rng(seed)
+
+    def weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), name)
+
+    gru_hidden = hidden // 2
+    initializers = [
+        weight("lstm_w", (1, 4 * hidden, features)),
+        weight("lstm_r", (1, 4 * hidden, hidden)),
+        weight("lstm_b", (1, 8 * hidden)),
+        weight("gru_w", (1, 3 * gru_hidden, hidden)),
+        weight("gru_r", (1, 3 * gru_hidden, gru_hidden)),
+        weight("gru_b", (1, 6 * gru_hidden)),
+        weight("head_w", (classes, gru_hidden)),
+        numpy_helper.from_array(np.zeros(classes, np.float32), "head_b"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis_direction"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis_first"),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["x_time_major"], name="to_time_major", perm=[1, 0, 2]),
+        helper.make_node(
+            "LSTM", ["x_time_major", "lstm_w", "lstm_r", "lstm_b"], ["lstm_y"], name="lstm", hidden_size=hidden
+        ),
+        helper.make_node("Squeeze", ["lstm_y", "axis_direction"], ["lstm_out"], name="lstm_squeeze"),
+        helper.make_node(
+            "GRU",
+            ["lstm_out", "gru_w", "gru_r", "gru_b"],
+            ["gru_y", "gru_h"],
+            name="gru",
+            hidden_size=gru_hidden,
+            linear_before_reset=1,
+        ),
+        helper.make_node("Squeeze", ["gru_h", "axis_first"], ["state"], name="state_squeeze"),
+        helper.make_node("Gemm", ["state", "head_w", "head_b"], ["logits"], name="head", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_recurrent",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, features])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_recurrent_project(root: Path, batch: int = 8, seq: int = 12, features: int = 16, seed: int = 0) -> dict:
+    """Writes ``tiny_recurrent_model`` and labelled calibration / evaluation / holdout data into ``root``.
+
+    Labels are the FP32 model's predictions on clean inputs, scored on noisy ones (as ``write_tiny_project``).
+
+    Returns:
+        Paths of ``model``, ``calibration``, ``evaluation`` and ``holdout``; ``inputs``, the config's input list.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    model = tiny_recurrent_model(batch=batch, seq=seq, features=features, seed=seed)
+    paths: dict[str, Any] = {"model": root / "recurrent.onnx"}
+    onnx.save(model, str(paths["model"]))
+    rng = np.random.default_rng(seed + 1)
+    for split, samples in (("calibration", 2 * batch), ("evaluation", 8 * batch), ("holdout", 8 * batch)):
+        clean = rng.standard_normal((samples, seq, features)).astype(np.float32)
+        labels = np.concatenate([_forward(model, part) for part in np.split(clean, samples // batch)]).argmax(axis=1)
+        noisy = (clean + 0.3 * rng.standard_normal(clean.shape)).astype(np.float32)
+        paths[split] = root / f"{split}.npz"
+        np.savez(paths[split], x=noisy, labels=labels.astype(np.int64))
+    paths["inputs"] = [{"name": "x", "shape": [batch, seq, features], "dtype": "float32"}]
+    return paths
+
+
 def write_sequence_samples(path: Path, samples: int = 40, seq: int = 12, features: int = 16, seed: int = 0) -> Path:
     """Writes samples of ``tiny_sequence_model`` (``x`` and ``mask``, samples first) into one ``.npz`` at ``path``."""
     rng = np.random.default_rng(seed)

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     (
         "autotune.model",
+        "autotune.rnn",
         "autotune.autoconfig",
         "autotune.torch_export",
         "autotune.intake",

@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper, shape_inference
+from onnx import TensorProto, shape_inference
 
 from autotune.model import model_hash
 from autotune.shapes import STUB_ABOVE_BYTES, infer_shapes, infer_shapes_in_place, without_weight_bytes
-
-
-def _model() -> onnx.ModelProto:
-    """x [4, 256] @ W [256, 128] (128 KiB, stubbed), reshaped by a shape computed from x's (data propagation)."""
-    rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((256, 128)).astype(np.float32), "W")
-    minus_one = numpy_helper.from_array(np.array([-1], np.int64), "minus_one")
-    index = numpy_helper.from_array(np.array([0], np.int64), "index")
-    nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["y"], name="matmul"),
-        helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
-        helper.make_node("Gather", ["x_shape", "index"], ["rows"], name="rows"),
-        helper.make_node("Concat", ["rows", "minus_one"], ["target"], axis=0, name="target"),
-        helper.make_node("Reshape", ["y", "target"], ["z"], name="reshape"),
-        helper.make_node("Relu", ["z"], ["out"], name="relu"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "stubbed",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 256])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
-        [weight, minus_one, index],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="test")
+from autotune.testing import data_propagated_reshape_model
 
 
 def test_the_stubbed_copy_keeps_small_initializers_and_only_type_and_dims_of_large_ones():
-    model = _model()
+    model = data_propagated_reshape_model()
     assert model.graph.initializer[0].ByteSize() > STUB_ABOVE_BYTES
     light = without_weight_bytes(model)
     stub, *small = light.graph.initializer
@@ -46,7 +21,7 @@ def test_the_stubbed_copy_keeps_small_initializers_and_only_type_and_dims_of_lar
 
 
 def test_inference_in_place_is_onnxs_own_byte_for_byte_and_keeps_the_weights():
-    model = _model()
+    model = data_propagated_reshape_model()
     expected = shape_inference.infer_shapes(model, data_prop=True)
     inferred = infer_shapes(model, data_prop=True)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.graph.value_info}

@@ -126,6 +126,11 @@ def int8_recipe(session: Callable[[onnx.ModelProto], Any] | None = None, base: Q
     return choose_recipe(schemes, verdicts)  # raises, naming every verdict
 
 
+FP32_ONLY_OP_TYPES: tuple[str, ...] = ("GRU",)
+"""Tunable op types this backend runs only in FP32: ONNX Runtime has no quantized GRU kernel (an LSTM's INT8 form is
+``DynamicQuantizeLSTM``, ``autotune.quant.recurrent``), so a GRU layer is in the table but not in the search."""
+
+
 class OnnxRuntimeCPU(GraphBackend):
     """ONNX Runtime with the CPU execution provider.
 
@@ -212,7 +217,7 @@ class OnnxRuntimeCPU(GraphBackend):
             if not verdict.exact
         )
         return Capabilities(
-            precisions={op: int8 for op in TUNABLE_OP_TYPES},
+            precisions={op: int8 for op in TUNABLE_OP_TYPES if op not in FP32_ONLY_OP_TYPES},
             knobs=(
                 Knob(
                     "graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"

@@ -19,7 +19,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from autotune.model import Layer
-from autotune.optypes import CONV_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
+from autotune.optypes import (
+    CONV_OP_TYPES,
+    RECURRENT_OP_TYPES,
+    TUNABLE_OP_TYPES,
+    WEIGHTED_OP_TYPES,
+    WEIGHTLESS_OP_TYPES,
+)
 from autotune.plan import Plan
 from autotune.quant.basetype import BASE_PRECISION_KNOB, BASE_TYPES, base_precision_of, range_float_ops, to_base
 from autotune.quant.graphedit import GraphEditor, RewriteError, ensure_opset
@@ -42,6 +48,7 @@ from autotune.quant.qparams import (
     quantize_weight_fp8,
 )
 from autotune.quant.recipe import QuantRecipe
+from autotune.quant.recurrent import lower_int8_lstm
 from autotune.units import GraphIndex, attribute
 
 __all__ = ["RewriteError", "required_ranges", "rewrite", "smooth_weight", "smoothable"]
@@ -301,6 +308,9 @@ class _Rewriter(GraphEditor):
 
     def apply_int8(self, layer: Layer) -> None:
         """Q/DQ on the activation inputs, an int8 weight, and (per recipe) int32 bias and output Q/DQ."""
+        if layer.op_type in RECURRENT_OP_TYPES:  # dynamically quantized: no Q/DQ (autotune.quant.recurrent)
+            lower_int8_lstm(self, layer, self.per_channel, self.recipe)
+            return
         index, _ = self.node_of(layer)
         if layer.weight is None and layer.op_type not in ("MatMul", *WEIGHTLESS_OP_TYPES):
             raise RewriteError(f"layer {layer.name!r}: int8 {layer.op_type} needs a constant weight")
@@ -392,7 +402,7 @@ def _check_plan(layers: Sequence[Layer], plan: Plan) -> tuple[dict[str, str], bo
             raise RewriteError(f"layer {layer.name!r}: unknown precision {precision!r}")
         if layer.op_type not in TUNABLE_OP_TYPES:
             raise RewriteError(f"layer {layer.name!r}: {layer.op_type} is not a tunable op type")
-        if layer.op_type in WEIGHTLESS_OP_TYPES and precision not in ("fp32", "int8"):
+        if layer.op_type in (*WEIGHTLESS_OP_TYPES, *RECURRENT_OP_TYPES) and precision not in ("fp32", "int8"):
             raise RewriteError(f"layer {layer.name!r}: a {layer.op_type} layer is fp32 or int8, not {precision}")
     return precisions, granularity == "per_channel"
 

@@ -37,7 +37,7 @@ from autotune.plan import Plan
 from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, ORT_X86_UINT8_WEIGHTS
 from autotune.testing import tiny_config, tiny_space
-from tests.quant.test_rewrite import BUILDERS, RNG_SEED, _feeds, forward, int8_reference
+from tests.quant.reference import BUILDERS, RNG_SEED, forward, int8_reference, random_feeds
 
 VNNI_OR_AMX = {"avx512_vnni", "avx_vnni", "amx_int8"}
 
@@ -136,9 +136,9 @@ def test_the_probe_finds_what_the_cpu_features_say():
 def _prepared(kind: str):
     rng = np.random.default_rng(RNG_SEED)
     loaded = prepare_model(BUILDERS[kind](rng), Path("x.onnx"), None)
-    calib = forward(loaded.proto, _feeds(loaded.proto, rng))
+    calib = forward(loaded.proto, random_feeds(loaded.proto, rng))
     ranges = {name: (min(float(v.min()), 0.0), max(float(v.max()), 0.0)) for name, v in calib.items()}
-    return loaded, ranges, _feeds(loaded.proto, rng)
+    return loaded, ranges, random_feeds(loaded.proto, rng)
 
 
 def _built(kind: str, tmp_path: Path):

@@ -169,3 +169,20 @@ def test_spinning_stops_when_the_run_returns_and_the_export_says_so(tiny, tmp_pa
     backend.export(GraphArtifact(tiny.proto, backend.build_graph(tiny.proto, {})), plan, tmp_path)
     session = json.loads((tmp_path / "session.json").read_text())
     assert session["session.force_spinning_stop"] == "1" and session["session.intra_op.allow_spinning"] == "1"
+
+
+def test_one_liners_and_the_int8_plan_of_a_model_with_lstm_and_gru_run(tmp_path):
+    from autotune.quant.lowering import Quantization
+    from autotune.testing import tiny_recurrent_model
+
+    model = prepare_model(tiny_recurrent_model(), Path("recurrent.onnx"), None)
+    backend = OnnxRuntimeCPU()
+    backend.prepare(model, ["lstm", "head"])  # what the space searches: ORT has no INT8 GRU
+    feeds = {"x": np.random.default_rng(5).standard_normal((8, 12, 16)).astype(np.float32)}
+    dynamic = backend.build_reference("ort-dynamic", [], tmp_path).graph.graph
+    assert Counter(node.op_type for node in dynamic.node)["DynamicQuantizeLSTM"] == 1
+    static = backend.build_reference("ort-static", [feeds], tmp_path)
+    plan = Plan.make({"lstm": "int8", "head": "int8"}, {})
+    built = backend.build(plan, Quantization(ranges={"state": (-1.0, 1.0)}), tmp_path)
+    for artifact in (static, built):
+        assert backend.run(artifact, feeds)[0].shape == (8, 10)

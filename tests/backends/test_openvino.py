@@ -255,3 +255,20 @@ def test_accuracy_control_judges_the_items_nncf_passes_against_their_own_fp32_ou
     metric, each = seen["subset"]
     assert metric == 1.0 and each == [1.0, 1.0]  # the FP32 model agrees with itself on whichever items it gets
     assert seen["max_drop"] == 0.02  # the run's budget
+
+
+def test_a_model_with_lstm_and_gru_keeps_them_fp32_and_builds_its_int8_plan():
+    from autotune.config import SearchSpaceConfig
+    from autotune.search.space import build_space
+    from autotune.testing import tiny_recurrent_model
+
+    backend = OpenVINOCPU(intra_op_threads=2, accuracy_budget=0.02, metric="top1")
+    model = _prepared(tiny_recurrent_model(), backend, (8, 12, 16))
+    space = build_space(model.layers, backend.capabilities(), SearchSpaceConfig())
+    plan = space.uniform("int8")
+    assert plan.precision_map == {"lstm": "fp32", "gru": "fp32", "head": "int8"}  # DynamicQuantizeLSTM is ORT's
+    feeds = {"x": np.random.default_rng(3).standard_normal((8, 12, 16)).astype(np.float32)}
+    ranges = Quantization(ranges={"state": (-1.0, 1.0)})
+    expected = _ort(model, plan, ranges, feeds)
+    got = backend.run(backend.build(plan, ranges, Path(".")), feeds)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())

@@ -40,7 +40,7 @@ from autotune.backends.openvino.properties import (
 from autotune.backends.openvino.references import available_references, reference_model
 from autotune.capabilities import Capabilities, Knob
 from autotune.files import write_json
-from autotune.optypes import TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES
+from autotune.optypes import RECURRENT_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES
 from autotune.plan import KnobValue, Plan
 from autotune.quant.lowering import Quantization, lower
 
@@ -136,6 +136,7 @@ class OpenVINOCPU(GraphBackend):
         precisions = {
             op: ("fp32", "bf16", "int8") if bf16 and op in WEIGHTED_OP_TYPES else ("fp32", "int8")
             for op in TUNABLE_OP_TYPES
+            if op not in RECURRENT_OP_TYPES  # the INT8 LSTM is ORT's DynamicQuantizeLSTM, which OpenVINO cannot read
         }
         knobs = [Knob(name, values, description, free=True) for name, _, values, description in FREE_KNOBS]
         if bf16:

@@ -294,7 +294,7 @@ def test_walker_finds_chains_through_aliases():
 
 
 def test_golden_fakes_match_the_real_11_4_enums(resolve):
-    from tests.backends.tensorrt.test_config import ENUMS_11
+    from tests.backends.tensorrt.fakes import ENUMS_11
 
     real = resolve([], tuple(ENUMS_11))
     assert real["version"] == BINDINGS_VERSION

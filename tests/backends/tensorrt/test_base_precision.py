@@ -35,7 +35,7 @@ from autotune.quant.graphedit import RewriteError
 from autotune.quant.recipe import ORT_X86, TENSORRT, QuantRecipe
 from autotune.quant.rewrite import required_ranges, rewrite
 from autotune.search.space import build_space
-from tests.backends.tensorrt.test_config import OPTIONS, fake_trt
+from tests.backends.tensorrt.fakes import OPTIONS, fake_trt
 
 HALF = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 FLOATS = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
