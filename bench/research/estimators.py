@@ -44,7 +44,7 @@ def trace(config_path: str, seconds: float) -> dict:
     sampler = Sampler()
     rounds, waits = [], []
     end = time.perf_counter() + seconds
-    last = sampler.snapshot()
+    first = last = sampler.snapshot()
     while time.perf_counter() < end:
         times: list[list[float]] = [[] for _ in engines]
         for index in [(len(rounds) + k) % len(engines) for k in range(len(engines))]:
@@ -56,7 +56,9 @@ def trace(config_path: str, seconds: float) -> dict:
         last = now
         rounds.append(times)
         waits.append(None if reading is None else reading.waited)
-    return {"rounds": rounds, "waits": waits, "protocol": config.measure.model_dump()}
+    whole = sampler.reading(first, last)
+    others = None if whole is None else whole.others
+    return {"rounds": rounds, "waits": waits, "others": others, "protocol": config.measure.model_dump()}
 
 
 def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
@@ -114,7 +116,8 @@ def main() -> None:
         if competitor is not None:
             competitor.kill()
     results = {name: {k: summary(v) for k, v in rows.items()} for name, rows in estimates(data, args.window).items()}
-    print(json.dumps({"busy_nice": args.busy_nice, "rounds": len(data["rounds"]), **results}, indent=1))
+    head = {"busy_nice": args.busy_nice, "rounds": len(data["rounds"]), "others": data["others"]}
+    print(json.dumps({**head, **results}, indent=1))
     if args.out:
         with open(args.out, "w") as file:
             json.dump({"busy_nice": args.busy_nice, "estimates": results, **data}, file)
