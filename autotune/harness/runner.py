@@ -141,7 +141,7 @@ class TrialRunner:
             with stage("waiting_for_the_run"):
                 gate()
         with stage("model"):
-            self.model = load_model(config)
+            self.model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
             self.space = search_space(config.search, self.model, self.backend)
             prepare_backend(self.backend, self.model, self.space)
         with stage("data"):
