@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -385,6 +386,22 @@ class ExecutionConfig(_Strict):
         return self
 
 
+@dataclass(frozen=True)
+class FinalistRule:
+    """What orders a run's measured plans for confirmation (``autotune.search.select.confirmation_order``)."""
+
+    accuracy_budget: float
+    """The largest accuracy drop allowed (``accuracy_budget``)."""
+    search_budget: float
+    """The drop the search aims at (``TuneConfig.search_budget``)."""
+    reward: RewardConfig
+    """How plans outside the budgets are ranked (``reward``)."""
+    top_k: int
+    """Finalists confirmed (``confirm.top_k``)."""
+    bold_places: int
+    """Of them, the most given to plans between the search budget and the budget (``planner.bold_places``)."""
+
+
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -439,6 +456,13 @@ class TuneConfig(_Strict):
     def bold_budget(self) -> float:
         """The drop the bold plans aim at: ``planner.bold_plan`` of the way from the search budget to the budget."""
         return self.search_budget + self.planner.bold_plan * (self.accuracy_budget - self.search_budget)
+
+    @property
+    def finalists(self) -> FinalistRule:
+        """The budgets, reward and places that order the measured plans for confirmation."""
+        return FinalistRule(
+            self.accuracy_budget, self.search_budget, self.reward, self.confirm.top_k, self.planner.bold_places
+        )
 
     @property
     def run_dir(self) -> Path:
