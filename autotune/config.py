@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -11,7 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from autotune.optypes import TunableOp
-from autotune.searchconfig import PlannerConfig, PPOConfig, RewardConfig, StrictSection
+from autotune.searchconfig import FinalistRule, PlannerConfig, PlanningRule, PPOConfig, RewardConfig, StrictSection
 
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
@@ -386,22 +385,6 @@ class ExecutionConfig(_Strict):
         return self
 
 
-@dataclass(frozen=True)
-class FinalistRule:
-    """What orders a run's measured plans for confirmation (``autotune.search.select.confirmation_order``)."""
-
-    accuracy_budget: float
-    """The largest accuracy drop allowed (``accuracy_budget``)."""
-    search_budget: float
-    """The drop the search aims at (``TuneConfig.search_budget``)."""
-    reward: RewardConfig
-    """How plans outside the budgets are ranked (``reward``)."""
-    top_k: int
-    """Finalists confirmed (``confirm.top_k``)."""
-    bold_places: int
-    """Of them, the most given to plans between the search budget and the budget (``planner.bold_places``)."""
-
-
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -463,6 +446,11 @@ class TuneConfig(_Strict):
         return FinalistRule(
             self.accuracy_budget, self.search_budget, self.reward, self.confirm.top_k, self.planner.bold_places
         )
+
+    @property
+    def planning(self) -> PlanningRule:
+        """The planner's settings, seed, budgets and build budget."""
+        return PlanningRule(self.planner, self.seed, self.search_budget, self.bold_budget, self.budget.builds)
 
     @property
     def run_dir(self) -> Path:

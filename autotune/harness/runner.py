@@ -88,7 +88,7 @@ class TrialRunner:
     """Prepares a run once (model, data, calibration, FP32 reference) and runs trials.
 
     Args:
-        config: The run's config.
+        config: The run's config: preparing the run reads nearly every section of it.
         gate: Called once the backend is loaded (its runtime imported, its device probed, ``load_ahead`` done),
             before the model is: a trial process started with the run waits there until the run has exported the
             model.
