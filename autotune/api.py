@@ -43,7 +43,13 @@ def analyze(
     try:
         backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
         profiles = profile and backend.profiles
-        model = load_model(config, file_ready=None if profiles else model_ready)
+        model = load_model(
+            config.model,
+            config.inputs,
+            config.backend.name,
+            config.cache_dir,
+            file_ready=None if profiles else model_ready,
+        )
         if profiles:
             feeds = load_dataset(config.data.evaluation, model.inputs, "evaluation", config.seed).batches[0]
             try:

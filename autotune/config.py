@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from autotune.optypes import TunableOp
-from autotune.searchconfig import PlannerConfig, PPOConfig, RewardConfig, StrictSection
+from autotune.searchconfig import FinalistRule, PlannerConfig, PlanningRule, PPOConfig, RewardConfig, StrictSection
 
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
@@ -439,6 +439,18 @@ class TuneConfig(_Strict):
     def bold_budget(self) -> float:
         """The drop the bold plans aim at: ``planner.bold_plan`` of the way from the search budget to the budget."""
         return self.search_budget + self.planner.bold_plan * (self.accuracy_budget - self.search_budget)
+
+    @property
+    def finalists(self) -> FinalistRule:
+        """The budgets, reward and places that order the measured plans for confirmation."""
+        return FinalistRule(
+            self.accuracy_budget, self.search_budget, self.reward, self.confirm.top_k, self.planner.bold_places
+        )
+
+    @property
+    def planning(self) -> PlanningRule:
+        """The planner's settings, seed, budgets and build budget."""
+        return PlanningRule(self.planner, self.seed, self.search_budget, self.bold_budget, self.budget.builds)
 
     @property
     def run_dir(self) -> Path:

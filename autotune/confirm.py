@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import searching_references
-from autotune.config import ConfigError, TuneConfig
+from autotune.config import ConfigError, FinalistRule, TuneConfig
 from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize
@@ -43,7 +43,7 @@ def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: 
 
 def finalist_order(
     trials: Sequence[TrialResult],
-    config: TuneConfig,
+    rule: FinalistRule,
     fp32: Plan,
     runtime_shares: Mapping[str, float] | None = None,
     knob_defaults: Mapping[str, KnobValue] | None = None,
@@ -57,7 +57,7 @@ def finalist_order(
 
     Args:
         trials: The run's trials.
-        config: The run's config.
+        rule: The run's budgets, reward and places (``TuneConfig.finalists``).
         fp32: The FP32 reference's plan.
         runtime_shares: Layer name to its share of FP32 runtime (layers the profile did not time left out).
         knob_defaults: Each knob's default, which the model gives no term, as in the search; None: ``fp32``'s knobs
@@ -70,7 +70,7 @@ def finalist_order(
     expected = profile_speedups(trials, defaults, runtime_shares, tuple(fp32.precision_map)) if runtime_shares else None
     if expected is None:
         expected = expected_speedups(trials, fit_surrogate(trials, defaults, ACCURACY_KNOBS))
-    order = [r.plan for r in confirmation_order(trials, config, expected) if r.plan_hash != fp32.hash]
+    order = [r.plan for r in confirmation_order(trials, rule, expected) if r.plan_hash != fp32.hash]
     return order, expected
 
 
@@ -106,7 +106,7 @@ def confirm_finalists(
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
-    order, _ = finalist_order(list(store.trials()), config, fp32, runtime_shares, knob_defaults)
+    order, _ = finalist_order(list(store.trials()), config.finalists, fp32, runtime_shares, knob_defaults)
     size = size or ConfirmationSize(config.confirm.top_k, len(one_liners), config.confirm.rounds, spare=True)
     if size.finalists == 0:  # no time for any finalist: FP32 alone, the fewest rounds, is what gets exported
         return confirm(evaluator, store, [fp32], MIN_CONFIRM_ROUNDS)

@@ -6,6 +6,7 @@ readable size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -104,3 +105,35 @@ class PlannerConfig(StrictSection):
     bold_places: int = Field(2, ge=0)
     """Of the ``confirm.top_k`` finalist places, up to this many go to the fastest plans between the search budget and
     the accuracy budget, where each is faster than every plan within the search budget (``autotune.search.select``)."""
+
+
+@dataclass(frozen=True)
+class FinalistRule:
+    """What orders a run's measured plans for confirmation (``autotune.search.select.confirmation_order``)."""
+
+    accuracy_budget: float
+    """The largest accuracy drop allowed (``accuracy_budget``)."""
+    search_budget: float
+    """The drop the search aims at (``TuneConfig.search_budget``)."""
+    reward: RewardConfig
+    """How plans outside the budgets are ranked (``reward``)."""
+    top_k: int
+    """Finalists confirmed (``confirm.top_k``)."""
+    bold_places: int
+    """Of them, the most given to plans between the search budget and the budget (``planner.bold_places``)."""
+
+
+@dataclass(frozen=True)
+class PlanningRule:
+    """What the surrogate planner reads (``autotune.search.planner.Planner``)."""
+
+    planner: PlannerConfig
+    """The ``planner`` section."""
+    seed: int
+    """The run's seed."""
+    search_budget: float
+    """The drop the search aims at (``TuneConfig.search_budget``)."""
+    bold_budget: float
+    """The drop the bold plans aim at (``TuneConfig.bold_budget``)."""
+    builds: int
+    """The run's build budget (``budget.builds``): the probes' design is sized to it."""

@@ -432,6 +432,13 @@ def tiny_space(capabilities: Any = None, **search: Any) -> Any:
     return build_space(model.layers, capabilities or OnnxRuntimeCPU().capabilities(), SearchSpaceConfig(**search))
 
 
+def typed_model(runner: Any, plan: Any) -> onnx.ModelProto:
+    """The explicitly typed ONNX graph a plan lowers to on a ``TrialRunner`` (what graph backends build)."""
+    from autotune.quant.lowering import lower
+
+    return lower(runner.model, plan, runner.quantizations(plan), runner.backend.recipe_for(plan))
+
+
 def tiny_torch_mlp(features: int = 32, hidden: int = 64, classes: int = 16, seed: int = 0) -> Any:
     """A PyTorch MLP, ``fc1`` Linear(32, 64) -> ReLU -> ``fc2`` Linear(64, 16), with fixed weights.
 

@@ -69,7 +69,7 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[])
     args = parser.parse_args()
     config = load_config(args.config, args.set)
-    model = load_model(config)
+    model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
     holdout = load_dataset(config.data.holdout or config.data.evaluation, model.inputs, "holdout", config.seed + 1)
     calibration = load_dataset(config.data.calibration, model.inputs, "calibration", config.seed + 2).batches
     threads = config.backend.intra_op_threads

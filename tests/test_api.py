@@ -180,7 +180,7 @@ def test_analyze_hands_the_model_on_at_its_file_unless_the_backend_profiles_it(t
         events.clear()
 
         def ready(config=config):
-            assert prepare.model_file(config).exists()
+            assert prepare.model_file(config.model, config.inputs, config.backend.name, config.cache_dir).exists()
             events.append("ready")
 
         analyze(config, model_ready=ready)

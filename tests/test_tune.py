@@ -528,8 +528,8 @@ def test_finalists_are_ranked_by_the_profile_where_the_run_has_one(tmp_path):
     # INT8 saves 0.6 of a layer's share; "b" alone measured lucky, faster than "a" alone and "ab"
     measured = {"": 1.0, "a": 1.0 / (1 - 0.18), "b": 1.4, "ab": 1.0 / (1 - 0.24)}
     trials = [TrialResult(plan=plans[q], speedup=measured[q], accuracy_drop=0.001 * len(q)) for q in plans]
-    without, _ = finalist_order(trials, config, plans[""])
-    with_profile, expected = finalist_order(trials, config, plans[""], shares)
+    without, _ = finalist_order(trials, config.finalists, plans[""])
+    with_profile, expected = finalist_order(trials, config.finalists, plans[""], shares)
     assert without[0] == plans["b"]
     assert with_profile[0] == plans["ab"] and plans[""] not in with_profile
     assert expected[plans["b"].hash] < expected[plans["a"].hash]

@@ -284,6 +284,7 @@ class Evaluator:
 
 
 def _child_runner(config: TuneConfig) -> ChildRunner:
+    """The trial process of a run: the whole config travels to it."""
     return ChildRunner(config, setup_timeout_s=max(600.0, 2 * config.backend.timeout_s))
 
 

@@ -35,7 +35,10 @@ Outcome = tuple[str, Any]
 
 
 def absolute_paths(config: TuneConfig) -> TuneConfig:
-    """The config with its run and cache folders absolute, so a worker with another working directory agrees."""
+    """The config with its run and cache folders absolute, so a worker with another working directory agrees.
+
+    Takes and returns the whole config: it is what travels to a worker, which prepares the run from it.
+    """
     return config.model_copy(update={"runs_dir": config.runs_dir.resolve(), "cache_dir": config.cache_dir.resolve()})
 
 
@@ -58,14 +61,13 @@ class Pool(ABC):
     """Workers that answer requests; subclasses say how a worker is started, sent a request and waited for.
 
     Args:
-        config: The run's config.
         size: Number of workers.
+        timeout_s: How long one request may take (``backend.timeout_s``).
     """
 
-    def __init__(self, config: TuneConfig, size: int):
-        self.config = config
+    def __init__(self, size: int, timeout_s: float):
         self.size = size
-        self.timeout_s = config.backend.timeout_s
+        self.timeout_s = timeout_s
         self.replaced = 0  # workers replaced after a crash or a timeout
 
     @abstractmethod
@@ -154,14 +156,15 @@ class LocalPool(Pool):
     """Child processes of the run (``ChildRunner``), each on its own cores or GPU.
 
     Args:
-        config: The run's config.
+        config: The run's config: the whole of it travels to each worker, which prepares the run from it.
         size: Number of workers.
         pin_cores: Pin each worker to its own ``backend.intra_op_threads`` CPUs.
         gpus: One GPU per worker (``CUDA_VISIBLE_DEVICES``).
     """
 
     def __init__(self, config: TuneConfig, size: int, pin_cores: bool = False, gpus: bool = False):
-        super().__init__(config, size)
+        super().__init__(size, config.backend.timeout_s)
+        self.config = config
         cores = core_groups(size, config.backend.intra_op_threads) if pin_cores else [None] * size
         setup_timeout_s = max(600.0, 2 * config.backend.timeout_s)
         self.children = [
@@ -257,10 +260,16 @@ class RayPool(Pool):
 
     Joins the cluster at ``execution.ray_address`` (or starts a local one) unless Ray is already initialised.
     Every node must be able to import autotune and read the model and data files at the config's paths.
+
+    Args:
+        config: The run's config: the whole of it travels to each actor, which prepares the run from it.
+        size: Number of workers.
+        gpus: One GPU per actor.
     """
 
     def __init__(self, config: TuneConfig, size: int, gpus: bool = False):
-        super().__init__(absolute_paths(config), size)
+        super().__init__(size, config.backend.timeout_s)
+        self.config = absolute_paths(config)  # the whole config travels to each actor, which prepares the run
         self.ray = require("ray", "ray", "execution.backend: ray")
         if not self.ray.is_initialized():
             self.ray.init(address=config.execution.ray_address, logging_level=logging.WARNING, log_to_driver=False)
@@ -332,7 +341,7 @@ class RayPool(Pool):
 
 
 def make_pool(config: TuneConfig) -> Pool:
-    """The pool ``execution`` describes (not started)."""
+    """The pool ``execution`` describes (not started); the whole config travels on to its workers."""
     execution = config.execution
     gpus = execution.gpus_per_worker > 0
     if execution.backend == "ray":

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, backend_class
-from autotune.config import CalibrationConfig, InputConfig, SearchSpaceConfig, TuneConfig
+from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig
 from autotune.data import Dataset
 from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
 from autotune.plan import CALIBRATION_KNOB, Plan
@@ -56,36 +56,50 @@ def config_inputs(inputs: Sequence[InputConfig]) -> list[InputSpec]:
     return [InputSpec(i.name, tuple(i.shape), i.dtype) for i in inputs]
 
 
-def model_file(config: TuneConfig) -> Path:
-    """The ONNX file of the config's model, exporting a PyTorch factory on first use (cached by factory and shapes)."""
-    if config.model.onnx is not None:
-        return config.model.onnx
-    inputs = config_inputs(config.inputs)
-    if not inputs:
+def model_file(model: ModelConfig, inputs: Sequence[InputConfig], backend: str, cache_dir: Path) -> Path:
+    """The ONNX file of the model, exporting a PyTorch factory on first use (cached by factory and shapes).
+
+    Args:
+        model: The config's ``model`` section.
+        inputs: The config's ``inputs``: the shapes a PyTorch factory is exported with.
+        backend: The backend's name (``backend.name``): some export batch-free (``exports_batch_free``).
+        cache_dir: Where exported models are cached (``cache_dir``).
+    """
+    if model.onnx is not None:
+        return model.onnx
+    specs = config_inputs(inputs)
+    if not specs:
         raise SetupError("model.torch needs inputs: with names, shapes and dtypes to export the module")
-    batch_free = backend_class(config.backend.name).exports_batch_free
-    identity = (config.model.torch, inputs, config.model.opset, *(("batch_free",) if batch_free else ()))
+    batch_free = backend_class(backend).exports_batch_free
+    identity = (model.torch, specs, model.opset, *(("batch_free",) if batch_free else ()))
     key = hashlib.sha256(repr(identity).encode()).hexdigest()[:12]
-    path = config.cache_dir / "models" / f"{config.model.torch.replace(':', '.')}-{key}.onnx"
+    path = cache_dir / "models" / f"{model.torch.replace(':', '.')}-{key}.onnx"
     if not path.exists():
-        log.info("exporting %s to %s", config.model.torch, path)
-        export_torch(config.model.torch, inputs, path, opset=config.model.opset, batch_free=batch_free)
+        log.info("exporting %s to %s", model.torch, path)
+        export_torch(model.torch, specs, path, opset=model.opset, batch_free=batch_free)
     return path
 
 
-def load_model(config: TuneConfig, file_ready: Callable[[], None] | None = None) -> LoadedModel:
+def load_model(
+    model: ModelConfig,
+    inputs: Sequence[InputConfig],
+    backend: str,
+    cache_dir: Path,
+    file_ready: Callable[[], None] | None = None,
+) -> LoadedModel:
     """Loads (or exports) the model and builds its layer table.
 
     Args:
-        config: The run's config.
+        model: The config's ``model`` section.
+        inputs: The config's ``inputs``.
+        backend: The backend's name (``backend.name``).
+        cache_dir: Where exported models are cached (``cache_dir``).
         file_ready: Called once the model's ONNX file exists (exported first where needed), before it is read.
     """
-    path = model_file(config)
+    path = model_file(model, inputs, backend, cache_dir)
     if file_ready is not None:
         file_ready()
-    return prepare_model(
-        load_onnx(path), path, config_inputs(config.inputs) or None, config.model.include_activation_matmuls
-    )
+    return prepare_model(load_onnx(path), path, config_inputs(inputs) or None, model.include_activation_matmuls)
 
 
 def with_runtime_shares(model: LoadedModel, backend: Backend, feeds: Mapping[str, Any]) -> LoadedModel:

@@ -195,7 +195,7 @@ class ChildRunner:
     """A ``TrialRunner`` in a child process, restarted after a crash or a timeout.
 
     Args:
-        config: The run's config.
+        config: The run's config: the whole of it travels to the child process, which prepares the run from it.
         setup_timeout_s: How long preparing the run may take.
         cores: CPUs the process is pinned to (None: not pinned).
         environment: Environment variables of the process, e.g. ``CUDA_VISIBLE_DEVICES``.

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from autotune.backends import BackendUnavailable, BuildError, get_backend
 from autotune.config import ConfirmConfig, MeasureConfig, TuneConfig
@@ -33,7 +32,7 @@ from autotune.metrics import fidelity, score
 from autotune.model import factory_module
 from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
-from autotune.quant.lowering import NONE, lower
+from autotune.quant.lowering import NONE
 from autotune.quant.recipe import QuantRecipe
 from autotune.trial import TrialResult
 
@@ -89,7 +88,7 @@ class TrialRunner:
     """Prepares a run once (model, data, calibration, FP32 reference) and runs trials.
 
     Args:
-        config: The run's config.
+        config: The run's config: preparing the run reads nearly every section of it.
         gate: Called once the backend is loaded (its runtime imported, its device probed, ``load_ahead`` done),
             before the model is: a trial process started with the run waits there until the run has exported the
             model.
@@ -105,43 +104,75 @@ class TrialRunner:
         self.setup_stages_s = stage.seconds
         """Wall seconds of each stage of this runner's set-up (``Stages``), for the run's summary."""
         try:
-            with stage("backend"):
-                self.backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
-            if gate is not None:
-                with stage("load_ahead"):
-                    self.backend.load_ahead()
-                with stage("waiting_for_the_run"):
-                    gate()
-            with stage("model"):
-                self.model = load_model(config)
-                self.space = search_space(config.search, self.model, self.backend)
-                prepare_backend(self.backend, self.model, self.space)
-            with stage("data"):
-                self.datasets: dict[str, Dataset] = {
-                    "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
-                }
-                holdout = config.data.holdout or config.data.evaluation
-                self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
-                calibration_data = load_dataset(
-                    config.data.calibration, self.model.inputs, "calibration", config.seed + 2
-                )
-            self.calibration_batches = calibration_data.batches  # what the platform's one-liners calibrate on
+            self._load(stage, gate)
         except (ValueError, OSError, BackendUnavailable) as error:
             raise SetupError(str(error)) from error
         self.output_index = self._output_index()
         self._one_liners: dict[str, Any] = {}
         self.pace = ReferencePace()  # every measurement of this process knows the machine's quiet pace
         self.sampler = Sampler()  # and reads how busy the others kept the cores meanwhile
-        # Calibration on ONNX Runtime runs the ONNX graph on the CPU's threads while the backend builds the FP32
-        # reference (the encoder's torch.compile and calibration took 13 s and 12 s one after the other on a fresh
-        # H200 machine). A backend that gathers the statistics on its own device does so after the build: a CUDA
-        # graph's capture fails when another thread launches work on the device meanwhile.
+        self._prepare_reference_and_calibration(stage)
+        with stage("layerwise"):
+            self.use_layerwise(
+                choose_layerwise(
+                    config.cache_dir,
+                    self.model,
+                    self.backend,
+                    self.space,
+                    self.calibration,
+                    self._calibration_data,
+                    self.output_index,
+                )
+            )
+        with stage("fp32_outputs"):
+            self.reference_outputs = {
+                split: self._outputs(self.reference, data) for split, data in self.datasets.items()
+            }
+        self.reference_accuracy = self._reference_accuracy()
+
+    def _load(self, stage: Stages, gate: Callable[[], None] | None) -> None:
+        """Loads the backend (then waits at ``gate``), the model, its search space and the data splits."""
+        config = self.config
+        with stage("backend"):
+            self.backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
+        if gate is not None:
+            with stage("load_ahead"):
+                self.backend.load_ahead()
+            with stage("waiting_for_the_run"):
+                gate()
+        with stage("model"):
+            self.model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
+            self.space = search_space(config.search, self.model, self.backend)
+            prepare_backend(self.backend, self.model, self.space)
+        with stage("data"):
+            self.datasets: dict[str, Dataset] = {
+                "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
+            }
+            holdout = config.data.holdout or config.data.evaluation
+            self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
+            self._calibration_data = load_dataset(
+                config.data.calibration, self.model.inputs, "calibration", config.seed + 2
+            )
+        self.calibration_batches = self._calibration_data.batches  # what the platform's one-liners calibrate on
+
+    def _prepare_reference_and_calibration(self, stage: Stages) -> None:
+        """Builds the FP32 reference and computes the calibration ranges, side by side where the backend allows.
+
+        Calibration on ONNX Runtime runs the ONNX graph on the CPU's threads while the backend builds the FP32
+        reference (the encoder's torch.compile and calibration took 13 s and 12 s one after the other on a fresh
+        H200 machine). A backend that gathers the statistics on its own device does so after the build: a CUDA
+        graph's capture fails when another thread launches work on the device meanwhile.
+
+        Raises:
+            SetupError: The FP32 model does not build on the backend.
+        """
+        config, data = self.config, self._calibration_data
         collector = statistics_collector(self.model, self.backend)
         calibrated = None
         if collector is None:
             calibrating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autotune-calibration")
             calibrated = calibrating.submit(
-                calibrate_ranges, config.calibration, config.cache_dir, self.model, self.backend, calibration_data
+                calibrate_ranges, config.calibration, config.cache_dir, self.model, self.backend, data
             )
             calibrating.shutdown(wait=False)
         try:  # its error first: calibration runs the FP32 model too, and would fail with a less helpful message
@@ -157,31 +188,22 @@ class TrialRunner:
                 self.calibration = calibrated.result()
             else:
                 self.calibration = calibrate_ranges(
-                    config.calibration, config.cache_dir, self.model, self.backend, calibration_data, collector
+                    config.calibration, config.cache_dir, self.model, self.backend, data, collector
                 )
-        self._calibration_data = calibration_data
-        with stage("layerwise"):
-            self.use_layerwise(
-                choose_layerwise(
-                    config.cache_dir,
-                    self.model,
-                    self.backend,
-                    self.space,
-                    self.calibration,
-                    calibration_data,
-                    self.output_index,
-                )
-            )
-        with stage("fp32_outputs"):
-            self.reference_outputs = {
-                split: self._outputs(self.reference, data) for split, data in self.datasets.items()
-            }
-        self.reference_accuracy: dict[str, float] = {}
+
+    def _reference_accuracy(self) -> dict[str, float]:
+        """FP32's score on each split.
+
+        Raises:
+            SetupError: The metric cannot score a split's labels.
+        """
+        accuracy: dict[str, float] = {}
         for split in self.datasets:
             try:
-                self.reference_accuracy[split] = self._score(self.reference_outputs[split], split)
+                accuracy[split] = self._score(self.reference_outputs[split], split)
             except ValueError as error:  # MetricError: labels that do not fit the metric
-                raise SetupError(f"metric {config.metric.name} cannot score the {split} data: {error}") from error
+                raise SetupError(f"metric {self.config.metric.name} cannot score the {split} data: {error}") from error
+        return accuracy
 
     def _build_fp32_reference(self) -> tuple[Plan, Any]:
         """The FP32 plan with the backend's ``fp32_reference_knobs``, and its build.
@@ -249,10 +271,6 @@ class TrialRunner:
         metric = self.config.metric
         return score(metric.name, outputs, self.reference_outputs[split], self.datasets[split].labels, metric.function)
 
-    def typed_model(self, plan: Plan) -> onnx.ModelProto:
-        """The explicitly typed ONNX graph a plan lowers to (what graph backends build)."""
-        return lower(self.model, plan, self.quantizations(plan), self.backend.recipe_for(plan))
-
     def build(self, plan: Plan, workdir: Path) -> Any:
         """The backend's engine of a plan, or of the one-liner a reference plan names.
 
@@ -302,45 +320,76 @@ class TrialRunner:
                 pending.append((index, outcome))
         if not pending:  # nothing built: no FP32 rounds to time
             return [result for result in results if result is not None]
-        timers = [self._timer(item.artifact, feeds) for _, item in pending]
-        reference = self._timer(self.reference, feeds)
-        start = time.perf_counter()
-        try:
-            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=self.pace, sampler=self.sampler)
-            share_s = (time.perf_counter() - start) / max(1, len(pending))
-            timed: list[tuple[Latency | str, float]] = [(latency, share_s) for latency in latencies]
-        except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
-            if len(timers) == 1:
-                timed = [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
-            else:  # each alone, so the failure of one engine stays its own
-                timed = [_time_alone(timer, reference, protocol, self.pace, self.sampler) for timer in timers]
+        timed = self._time_together([item.artifact for _, item in pending], feeds, protocol)
         back_to_back = self._back_to_back([item.artifact for _, item in pending], feeds, split)
         for (index, item), (latency, seconds), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
             if isinstance(latency, str):
                 results[index] = TrialResult.failure(item.plan, latency, split=split, total_s=item.scored_s + seconds)
                 continue
-            results[index] = TrialResult(
-                plan=item.plan,
-                latency_ms=latency.median_ms,
-                latency_iqr_ms=latency.iqr_ms,
-                reference_latency_ms=latency.reference_median_ms,
-                reference_latency_iqr_ms=latency.reference_iqr_ms,
-                speedup=latency.speedup,
-                round_speedups=list(latency.round_speedups),
-                accuracy=item.accuracy,
-                reference_accuracy=self.reference_accuracy[split],
-                accuracy_drop=self.reference_accuracy[split] - item.accuracy,
-                fidelity=fidelity(item.outputs, self.reference_outputs[split]),
-                build_s=item.build_s,
-                build_stages_s=dict(getattr(item.artifact, "build_stages_s", None) or {}),
-                total_s=item.scored_s + seconds,
-                protocol=protocol.to_dict(),
-                back_to_back_ms=pipelined,
-                reference_back_to_back_ms=back_to_back[-1] if pipelined is not None else None,
-                split=split,
-                busy=latency.busy.to_dict() if latency.busy is not None else None,
+            reference_back_to_back = back_to_back[-1] if pipelined is not None else None
+            results[index] = self._timed_result(
+                item, latency, split, protocol, (seconds, pipelined, reference_back_to_back)
             )
         return [result for result in results if result is not None]
+
+    def _time_together(
+        self, artifacts: Sequence[Any], feeds: Any, protocol: Protocol
+    ) -> list[tuple[Latency | str, float]]:
+        """Each artifact's latency against FP32 in the same rounds (or its error), and its share of the seconds.
+
+        When timing them together fails, each is timed alone, so the failure of one engine stays its own.
+        """
+        timers = [self._timer(artifact, feeds) for artifact in artifacts]
+        reference = self._timer(self.reference, feeds)
+        start = time.perf_counter()
+        try:
+            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=self.pace, sampler=self.sampler)
+            share_s = (time.perf_counter() - start) / max(1, len(timers))
+            return [(latency, share_s) for latency in latencies]
+        except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
+            if len(timers) == 1:
+                return [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
+            return [_time_alone(timer, reference, protocol, self.pace, self.sampler) for timer in timers]
+
+    def _timed_result(
+        self,
+        item: _Scored,
+        latency: Latency,
+        split: str,
+        protocol: Protocol,
+        timing: tuple[float, float | None, float | None],
+    ) -> TrialResult:
+        """The result of a scored plan timed against FP32.
+
+        Args:
+            item: The plan built and scored.
+            latency: Its latency against FP32.
+            split: The data split it was scored on.
+            protocol: The protocol it was timed with.
+            timing: Seconds its timing took, and its and FP32's back-to-back latency per launch (or Nones).
+        """
+        seconds, pipelined, reference_back_to_back = timing
+        return TrialResult(
+            plan=item.plan,
+            latency_ms=latency.median_ms,
+            latency_iqr_ms=latency.iqr_ms,
+            reference_latency_ms=latency.reference_median_ms,
+            reference_latency_iqr_ms=latency.reference_iqr_ms,
+            speedup=latency.speedup,
+            round_speedups=list(latency.round_speedups),
+            accuracy=item.accuracy,
+            reference_accuracy=self.reference_accuracy[split],
+            accuracy_drop=self.reference_accuracy[split] - item.accuracy,
+            fidelity=fidelity(item.outputs, self.reference_outputs[split]),
+            build_s=item.build_s,
+            build_stages_s=dict(getattr(item.artifact, "build_stages_s", None) or {}),
+            total_s=item.scored_s + seconds,
+            protocol=protocol.to_dict(),
+            back_to_back_ms=pipelined,
+            reference_back_to_back_ms=reference_back_to_back,
+            split=split,
+            busy=latency.busy.to_dict() if latency.busy is not None else None,
+        )
 
     def _back_to_back(self, artifacts: Sequence[Any], feeds: Any, split: str) -> list[float | None]:
         """Each artifact's, then FP32's, latency per launch back to back; Nones outside the confirmation.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.config import TuneConfig
+from autotune.config import PlanningRule, TuneConfig
 from autotune.files import atomic_write
 from autotune.interrupt import interrupts_held
 from autotune.plan import Plan
@@ -66,9 +66,9 @@ class TrialModels:
         """The models of ``fitted``; its prior only ``with_prior`` (``planner.priors``)."""
         return cls(fitted.surrogate, fitted.estimates, fitted.measured, fitted.prior if with_prior else None)
 
-    def planner(self, config: TuneConfig, space: SearchSpace, workers: int) -> Planner:
-        """The surrogate planner on these models."""
-        return Planner(config, space, self.surrogate, self.measured, self.prior, workers)
+    def planner(self, rule: PlanningRule, space: SearchSpace, workers: int) -> Planner:
+        """The surrogate planner on these models (``rule``: ``TuneConfig.planning``)."""
+        return Planner(rule, space, self.surrogate, self.measured, self.prior, workers)
 
 
 class ComputePace:
@@ -277,7 +277,7 @@ class _Agent:
         from stable_baselines3.common.vec_env import DummyVecEnv
 
         self.config, self.space, self.driver, self.checkpoints = config, space, driver, paths.checkpoints
-        self.planner = models.planner(config, space, driver.workers)
+        self.planner = models.planner(config.planning, space, driver.workers)
         # The builds' wall time, which the agent's compute is sized to.
         self.pace = ComputePace(config.ppo.compute_share, lambda: driver.build_s)
         make_env = self._env_factory(models.estimates)

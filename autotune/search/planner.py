@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from autotune.config import TuneConfig
+from autotune.config import PlanningRule
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.episode import neighbours
@@ -50,7 +50,7 @@ class Planner:
     steps with the PPO policy's rollouts.
 
     Args:
-        config: The run's config.
+        rule: The planner's settings, seed and budgets (``TuneConfig.planning``).
         space: The search space.
         surrogate: The additive model of the trials so far (None while too few).
         measured: Hashes of the plans measured so far.
@@ -62,14 +62,14 @@ class Planner:
 
     def __init__(
         self,
-        config: TuneConfig,
+        rule: PlanningRule,
         space: SearchSpace,
         surrogate: Callable[[], Surrogate | None],
         measured: Callable[[], Collection[str]] | None,
         prior: Callable[[], LayerPrior | None] | None = None,
         workers: int = 1,
     ):
-        self.config = config
+        self.rule = rule
         self.space = space
         self.surrogate = surrogate
         self.measured: Callable[[], Collection[str]] = measured or (lambda: ())
@@ -88,10 +88,10 @@ class Planner:
 
     def _all_rounds(self) -> Steps:
         yield from self.opening()
-        if self.config.planner.probe_plans:
+        if self.rule.planner.probe_plans:
             yield self.probes()
         while True:
-            model, seed = self.surrogate(), self.config.seed + len(self.measured())
+            model, seed = self.surrogate(), self.rule.seed + len(self.measured())
             known = set(self.measured())
             plans = self.planning_step(model, seed) if model is not None else []
             plans = [p for p in plans if p.hash not in known] or self.unbuilt(model, self.workers, seed)
@@ -105,17 +105,17 @@ class Planner:
         Each build corrects the model (the drop scale and the terms of the plan's layers), so a miss by a layer's
         worth is usually fixed by the next plan; at most :data:`OPENING_MODEL_PLANS` builds.
         """
-        if self.prior is None or self.prior() is None or not self.config.planner.build_model_plan:
+        if self.prior is None or self.prior() is None or not self.rule.planner.build_model_plan:
             return
         for opening in range(OPENING_MODEL_PLANS):
             model = self.surrogate()
             if model is None:
                 return
             plan = model_best_plan(
-                model, self.space, self.config.search_budget, seed=self.config.seed + opening, exclude=self.measured()
+                model, self.space, self.rule.search_budget, seed=self.rule.seed + opening, exclude=self.measured()
             )
             results = yield [plan]
-            if not results or (results[0].ok and meets_budget(results[0], self.config.search_budget)):
+            if not results or (results[0].ok and meets_budget(results[0], self.rule.search_budget)):
                 return
 
     def probes(self) -> list[Plan]:
@@ -124,18 +124,18 @@ class Planner:
         With a prior, a store that already holds as many plans as the design has rows (an earlier run's imported
         trials) needs no probe: the model of those trials is what the probes would give.
         """
-        config, space = self.config, self.space
+        rule, space = self.rule, self.space
         prior = self.prior() if self.prior is not None else None
         if prior is None:
-            return probe_plans(space, config.budget.builds // 3)
+            return probe_plans(space, rule.builds // 3)
         drop = prior.drop(*_default_setting(space))
-        open_groups = unsure_groups(space.groups, drop, config.search_budget)
+        open_groups = unsure_groups(space.groups, drop, rule.search_budget)
         cheap = (
             []
             if drop is None
-            else [g for g, group in enumerate(space.groups) if drop[list(group)].sum() <= config.search_budget]
+            else [g for g, group in enumerate(space.groups) if drop[list(group)].sum() <= rule.search_budget]
         )
-        plans = probe_plans(space, config.budget.builds // 6, varied=open_groups, lowered_always=cheap)
+        plans = probe_plans(space, rule.builds // 6, varied=open_groups, lowered_always=cheap)
         known = self.measured()
         if len(known) > len(plans) + 1:  # the all-INT8 plan and more: an earlier run's trials stand in for probes
             return [plan for plan in plans if plan.hash in known]
@@ -148,13 +148,13 @@ class Planner:
         bet for the confirmation: greedy's winners sit past the search budget, where held-out data may still find
         a plan within the accuracy budget; the plans aimed below it never go there.
         """
-        config = self.config
+        rule = self.rule
         known = self.measured()
-        count = self.workers * config.planner.model_plans
-        plans = _model_plans(model, self.space, config.search_budget, count, seed, known)
-        if config.bold_budget > config.search_budget:
+        count = self.workers * rule.planner.model_plans
+        plans = _model_plans(model, self.space, rule.search_budget, count, seed, known)
+        if rule.bold_budget > rule.search_budget:
             taken = {*known, *(plan.hash for plan in plans)}
-            bold = model_best_plan(model, self.space, config.bold_budget, seed=seed, exclude=taken)
+            bold = model_best_plan(model, self.space, rule.bold_budget, seed=seed, exclude=taken)
             plans += [] if bold.hash in taken else [bold]
         return plans
 
@@ -166,7 +166,7 @@ class Planner:
         if model is None or not self._knows_measured:
             return []
         known = set(self.measured())
-        budget = self.config.search_budget
+        budget = self.rule.search_budget
         plans = [p for p in _model_plans(model, self.space, budget, count, seed, known) if p.hash not in known]
         if plans:
             return plans

@@ -49,7 +49,7 @@ def _policy(space: SearchSpace, inputs: SearchInputs) -> PolicySearch:
 
 
 def _planner(space: SearchSpace, inputs: SearchInputs) -> Planner:
-    return inputs.models(space).planner(inputs.config, space, inputs.workers)
+    return inputs.models(space).planner(inputs.config.planning, space, inputs.workers)
 
 
 @dataclass(frozen=True)

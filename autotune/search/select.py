@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from autotune.config import TuneConfig
+from autotune.config import FinalistRule
 from autotune.measure import ties_within
 from autotune.search.estimate import ACCURACY_KNOBS, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
@@ -121,7 +121,7 @@ def profile_speedups(
 
 
 def confirmation_order(
-    results: Iterable[TrialResult], config: TuneConfig, expected: Mapping[str, float] | None = None
+    results: Iterable[TrialResult], rule: FinalistRule, expected: Mapping[str, float] | None = None
 ) -> list[TrialResult]:
     """Plans to confirm, best bet first.
 
@@ -137,7 +137,7 @@ def confirmation_order(
 
     Args:
         results: Measured trials.
-        config: The run's config (budgets, reward, ``confirm.top_k``).
+        rule: The run's budgets, reward and places (``TuneConfig.finalists``).
         expected: Plan hash to the speedup to rank by (:func:`expected_speedups`); default the measured one.
     """
     results = [r for r in results if r.ok]
@@ -146,26 +146,26 @@ def confirmation_order(
         measured = result.speedup or 0.0
         return expected.get(result.plan_hash, measured) if expected is not None else measured
 
-    within = sorted((r for r in results if meets_budget(r, config.search_budget)), key=speed, reverse=True)
+    within = sorted((r for r in results if meets_budget(r, rule.search_budget)), key=speed, reverse=True)
     bolder = sorted(
         (
             r
             for r in results
-            if meets_budget(r, config.accuracy_budget)
-            and not meets_budget(r, config.search_budget)
+            if meets_budget(r, rule.accuracy_budget)
+            and not meets_budget(r, rule.search_budget)
             and (not within or speed(r) > speed(within[0]))
         ),
         key=speed,
         reverse=True,
-    )[: min(config.planner.bold_places, config.confirm.top_k - 1 if within else config.confirm.top_k)]
-    fastest = within[: max(1, config.confirm.top_k - len(bolder))]
+    )[: min(rule.bold_places, rule.top_k - 1 if within else rule.top_k)]
+    fastest = within[: max(1, rule.top_k - len(bolder))]
     order = [*fastest, *bolder]
     seen = {r.plan_hash for r in order}
     order += pareto_front((r for r in within if r.plan_hash not in seen), speed)
     seen = {r.plan_hash for r in order}
     rest = sorted(
         (r for r in results if r.plan_hash not in seen),
-        key=lambda r: reward(r, config.reward, config.search_budget),
+        key=lambda r: reward(r, rule.reward, rule.search_budget),
         reverse=True,
     )
     return order + rest

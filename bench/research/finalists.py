@@ -63,7 +63,7 @@ def finalists(
         measured = list(store.trials())
         shares = stored_runtime_shares(store) or fallback_shares
     trials = {t.plan_hash: t for t in measured}
-    order, expected = finalist_order(measured, config, fp32, shares)
+    order, expected = finalist_order(measured, config.finalists, fp32, shares)
     chosen = order[: config.confirm.top_k]
     rows = []
     for index, plan in enumerate(chosen):

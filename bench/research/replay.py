@@ -161,7 +161,7 @@ def confirmed_winner(
         would be exported), ``winner_drop`` (its held-out drop) and ``winner_quantized`` (its quantized layers).
     """
     fp32 = space.uniform("fp32")
-    order, _ = finalist_order(built, config, fp32, shares)
+    order, _ = finalist_order(built, config.finalists, fp32, shares)
     top_k = config.confirm.top_k
 
     def confirm(plan) -> TrialResult:

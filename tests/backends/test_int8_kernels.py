@@ -36,7 +36,7 @@ from autotune.model import prepare_model
 from autotune.plan import Plan
 from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, ORT_X86_UINT8_WEIGHTS
-from autotune.testing import tiny_config, tiny_space
+from autotune.testing import tiny_config, tiny_space, typed_model
 from tests.quant.reference import BUILDERS, RNG_SEED, forward, int8_reference, random_feeds
 
 VNNI_OR_AMX = {"avx512_vnni", "avx_vnni", "amx_int8"}
@@ -361,5 +361,5 @@ def test_layerwise_choices_are_made_with_the_scheme_each_plan_runs(monkeypatch, 
     default = runner.quantizations(plan.with_knobs(int8_scheme="u8s8"))
     seven_bit = runner.quantizations(plan)
     assert seven_bit is not default and seven_bit.layer_ranges.keys() == default.layer_ranges.keys()
-    typed = runner.typed_model(plan)
+    typed = typed_model(runner, plan)
     assert max(int(np.abs(w).max()) for w in int8_weights(typed.graph)) == 64

@@ -85,7 +85,8 @@ def test_the_shipped_config_exports_the_model_that_the_factory_builds(tmp_path):
         ROOT / "configs" / "efficientnet-cpu.yaml",
         [f"cache_dir={tmp_path}", "data.evaluation.kwargs.limit=1"],
     )
-    model = load_model(config)  # exported with torch.onnx.export on first use, cached under cache_dir
+    # exported with torch.onnx.export on first use, cached under cache_dir
+    model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
     assert list((tmp_path / "models").glob("*.onnx"))
     assert [spec.shape for spec in config_inputs(config.inputs)] == [(8, 3, 224, 224)]
     assert sum(layer.op_type == "Conv" for layer in model.layers) == 49

@@ -22,7 +22,7 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
     config = load_config("configs/minilm-cpu.yaml", [f"cache_dir={tmp_path_factory.mktemp('cache')}"])
-    return load_model(config)
+    return load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
 
 
 def test_one_quantized_projection_leaves_its_siblings_on_the_float_tensor(minilm):

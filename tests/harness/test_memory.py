@@ -145,7 +145,7 @@ def test_prior_inputs_round_trip_through_the_store_and_lend_their_shares(tmp_pat
 
 def test_the_comparability_key_follows_the_data_and_machine_not_the_budget(tmp_path):
     config = tiny_config(tmp_path)
-    model = load_model(config)
+    model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
     key = comparability_key(config, model)
     assert set(key) == {"model", "data", "metric", "calibration", "backend", "measure", "machine", "libraries"}
     assert key["machine"] == machine_identity(backend_class(config.backend.name)) and key["machine"]["gpu"] is None

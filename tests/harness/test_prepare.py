@@ -29,14 +29,15 @@ from autotune.testing import tiny_config
 def run(tmp_path_factory):
     config = tiny_config(tmp_path_factory.mktemp("prepare"))
     backend = get_backend(config.backend, config.model)
-    model = load_model(config)
+    model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
     data = load_dataset(config.data.calibration, model.inputs, "calibration", config.seed)
     return config, backend, model, data
 
 
 def test_an_onnx_model_is_its_file_and_a_torch_factory_is_exported_once_per_shapes(tmp_path, monkeypatch):
     config = tiny_config(tmp_path)
-    assert model_file(config) == config.model.onnx
+    ort, cache = config.backend.name, config.cache_dir
+    assert model_file(config.model, config.inputs, ort, cache) == config.model.onnx
     assert config_inputs(config.inputs) == [InputSpec("x", (16, 32), "float32")]
     exports = []
 
@@ -47,17 +48,20 @@ def test_an_onnx_model_is_its_file_and_a_torch_factory_is_exported_once_per_shap
 
     monkeypatch.setattr(prepare, "export_torch", export)
     torch_model = config.model.model_copy(update={"onnx": None, "torch": "autotune.testing:tiny_torch_mlp"})
-    torch_config = config.model_copy(update={"model": torch_model})
-    path = model_file(torch_config)
+    path = model_file(torch_model, config.inputs, ort, cache)
     assert path.parent == config.cache_dir / "models" and path.name.startswith("autotune.testing.tiny_torch_mlp-")
-    assert model_file(torch_config) == path and len(exports) == 1  # cached: not exported again
-    wider = torch_config.model_copy(update={"inputs": [config.inputs[0].model_copy(update={"shape": [8, 32]})]})
-    assert model_file(wider) != path and len(exports) == 2  # other shapes, another file
+    assert (
+        model_file(torch_model, config.inputs, ort, cache) == path and len(exports) == 1
+    )  # cached: not exported again
+    wider = [config.inputs[0].model_copy(update={"shape": [8, 32]})]
+    assert model_file(torch_model, wider, ort, cache) != path and len(exports) == 2  # other shapes, another file
     assert not exports[0][3]  # ONNX Runtime runs the graph: exported at its shapes
-    on_torch = torch_config.model_copy(update={"backend": config.backend.model_copy(update={"name": "torch"})})
-    assert model_file(on_torch) not in (path, model_file(wider)) and exports[-1][3]  # the torch backend's: batch-free
+    on_torch = model_file(torch_model, config.inputs, "torch", cache)
+    assert (
+        on_torch not in (path, model_file(torch_model, wider, ort, cache)) and exports[-1][3]
+    )  # the torch backend's: batch-free
     with pytest.raises(SetupError, match="model.torch needs inputs"):
-        model_file(torch_config.model_copy(update={"inputs": []}))
+        model_file(torch_model, [], ort, cache)
 
 
 class _Profiler:
@@ -72,7 +76,11 @@ def test_runtime_shares_fill_the_layers_the_backend_timed(run):
     _, _, model, _ = run
     names = [layer.name for layer in model.layers]
     assert with_runtime_shares(model, _Profiler(None), {}).layers == model.layers  # a backend that cannot profile
-    shared = with_runtime_shares(load_model(run[0]), _Profiler({names[0]: 0.6, names[2]: 0.1}), {})
+    shared = with_runtime_shares(
+        load_model(run[0].model, run[0].inputs, run[0].backend.name, run[0].cache_dir),
+        _Profiler({names[0]: 0.6, names[2]: 0.1}),
+        {},
+    )
     assert [layer.runtime_share for layer in shared.layers] == [0.6, None, 0.1, None]
 
 

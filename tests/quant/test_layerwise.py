@@ -23,7 +23,7 @@ from autotune.quant.layerwise import LayerwiseChoices, choose_layer_methods, cho
 from autotune.quant.probe import find_cut
 from autotune.quant.qparams import activation_qparams
 from autotune.quant.rewrite import RewriteError, required_ranges, rewrite, smooth_weight
-from autotune.testing import tiny_config, tiny_mlp
+from autotune.testing import tiny_config, tiny_mlp, typed_model
 
 ORT = int8_recipe()
 """The ORT backend's recipe on this CPU: its layerwise error estimates run with the weights that will run."""
@@ -166,7 +166,7 @@ def test_the_evaluator_builds_layerwise_plans_with_each_layers_chosen_ranges(tmp
     first, second = int8_layers[:2]
     runner.use_layerwise(LayerwiseChoices({first: "max", second: "percentile"}, {}))
     plan = runner.space.uniform("int8", {"calibration": "layerwise"})
-    typed = runner.typed_model(plan)
+    typed = typed_model(runner, plan)
     for layer_name, method in ((first, "max"), (second, "percentile")):
         layer = next(layer for layer in runner.model.layers if layer.name == layer_name)
         lo, hi = runner.calibration.ranges(method)[layer.activation_inputs[0]]

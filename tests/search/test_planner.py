@@ -31,7 +31,7 @@ def _planner_run(tmp_path, builds, **planner):
     config = tiny_config(tmp_path, budget={"builds": builds, "stall_episodes": 400}, planner=planner)
     driver = Driver.for_budget(OneByOne(stored, lambda: len(measured)), config.budget)
     model = _FixedModel()
-    driver.run(Planner(config, space, lambda: model, lambda: set(measured)))
+    driver.run(Planner(config.planning, space, lambda: model, lambda: set(measured)))
     return config, space, model, driver, order, measured
 
 

@@ -15,7 +15,9 @@ def _result(name, speedup, drop, status="ok"):
 
 def _order(config, *points):
     """The confirmation order of plans given as ``(name, speedup, drop)``, by name."""
-    return [r.plan.precisions[0][0] for r in confirmation_order([_result(*point) for point in points], config)]
+    return [
+        r.plan.precisions[0][0] for r in confirmation_order([_result(*point) for point in points], config.finalists)
+    ]
 
 
 def test_pareto_front_keeps_only_undominated_points_fastest_first():
@@ -100,9 +102,9 @@ def test_expected_speedups_keep_one_lucky_measurement_from_outranking_the_plan_t
     config = tiny_config(tmp_path, accuracy_budget=0.01)
     trials = _subset_trials(lucky=1.75, best_measured=1.6)
     lucky, best = (t for t in trials if sum(p == "int8" for _, p in t.plan.precisions) in (1, 4) and t.speedup > 1.5)
-    assert confirmation_order(trials, config)[0].plan_hash == lucky.plan_hash  # by the measurements alone
+    assert confirmation_order(trials, config.finalists)[0].plan_hash == lucky.plan_hash  # by the measurements alone
     expected = expected_speedups(trials, fit_surrogate(trials, {}))
-    assert confirmation_order(trials, config, expected)[0].plan_hash == best.plan_hash
+    assert confirmation_order(trials, config.finalists, expected)[0].plan_hash == best.plan_hash
     assert 1.11 < expected[lucky.plan_hash] < lucky.speedup
 
 

@@ -28,7 +28,7 @@ from autotune.backends.tensorrt.inspect import PrecisionReport
 from autotune.config import BackendConfig, ConfigError, dump_config
 from autotune.measure import Protocol, interleaved
 from autotune.quant.lowering import NONE
-from autotune.testing import tiny_config
+from autotune.testing import tiny_config, typed_model
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 REPO = Path(__file__).resolve().parents[3]
@@ -200,7 +200,7 @@ def test_build_verify_run_time_and_export_on_tensorrt(trt_backend, tmp_path):
     feeds = runner.datasets["evaluation"].batches[0]
     for precision in ("fp32", "fp16", "int8"):
         plan = runner.space.uniform(precision)
-        typed = runner.typed_model(plan)
+        typed = typed_model(runner, plan)
         artifact = GraphArtifact(typed, runner.backend.build_graph(typed, plan.knob_map, config.run_dir))
         report = artifact.engine.report
         assert report.mismatches == [], [c.describe() for c in report.mismatches]
@@ -252,7 +252,7 @@ def test_fp16_base_with_overrides_and_the_fp16_reference_on_tensorrt(trt_backend
     inputs = {k: v for k, v in feeds.items() if k == "x"}
     fp32 = runner.backend.run(runner.backend.build(runner.space.plan(), NONE, config.run_dir), feeds)[0]
     plan = runner.space.plan({"fc1": "int8", "fc2": "fp32", "fc3": "fp16", "head": "fp16"}, {"base_precision": "fp16"})
-    typed = runner.typed_model(plan)
+    typed = typed_model(runner, plan)
     artifact = GraphArtifact(typed, runner.backend.build_graph(typed, plan.knob_map, config.run_dir))
     report = artifact.engine.report
     assert report.mismatches == [], [c.describe() for c in report.mismatches]
