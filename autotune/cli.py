@@ -312,9 +312,8 @@ def _export(args: argparse.Namespace) -> int:
 
     run, config = RunDir.open(args.run_dir)
     with TrialStore(run.store) as store, Evaluator(config, store) as evaluator:
-        summary = export_ranked(
-            run, config, evaluator, store, rank=args.rank, out_dir=Path(args.out) if args.out else None
-        )
+        out_dir = Path(args.out) if args.out else None
+        summary = export_ranked(run, evaluator, config.accuracy_budget, config.metric.name, args.rank, out_dir)
     print(json.dumps(summary, indent=2))
     return 0
 

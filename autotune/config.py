@@ -318,6 +318,12 @@ class MeasureConfig(_Strict):
     """A timed sample lasts at least this long: a plan that runs faster runs several times back to back per
     sample (the count set from one run, as ``timeit`` autoranges) and the sample is their mean, so a
     sub-millisecond model is timed over more than the timer's and the scheduler's jitter. 0: one run a sample."""
+    busy_others: float | None = Field(0.1, gt=0, le=1)
+    """Rounds count only while other processes took at most this share of the cores the trial process may use
+    (``/proc/stat``, steal included, read over spans of at least 0.5 s, so a shorter measurement times on until
+    one can be read). Beside another busy process, even at ``nice 19``, the timed threads hardly waited for a core
+    while all-INT8 ran 1.5x slower and FP32 1.2x: such spans are timed again, and a measurement that finds none
+    other says the machine was too busy. None: not checked."""
     busy_patience_s: float = Field(5.0, ge=0)
     """Seconds a measurement that found no quiet rounds while another process held the cores may spend past its
     round limit, waiting off the cores (random back-offs of up to 2 s) and timing more rounds after each, before it

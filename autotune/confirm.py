@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import searching_references
-from autotune.config import ConfigError, FinalistRule, TuneConfig
+from autotune.config import ConfigError, ConfirmConfig, FinalistRule
 from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize
@@ -76,8 +76,8 @@ def finalist_order(
 
 def confirm_finalists(
     evaluator: Evaluator,
-    store: TrialStore,
-    config: TuneConfig,
+    rule: FinalistRule,
+    confirm_config: ConfirmConfig,
     fp32: Plan,
     one_liners: Sequence[Plan] = (),
     runtime_shares: Mapping[str, float] | None = None,
@@ -93,9 +93,9 @@ def confirm_finalists(
     exported.
 
     Args:
-        evaluator: The run's evaluator.
-        store: The run's store.
-        config: The run's config.
+        evaluator: The run's evaluator (and its store).
+        rule: What orders the measured plans (``TuneConfig.finalists``), the accuracy budget among it.
+        confirm_config: The ``confirm`` section.
         fp32: The FP32 reference's plan, confirmed beside the finalists.
         one_liners: The backend's one-liners to time beside them.
         runtime_shares: Layer name to its share of FP32 runtime (``finalist_order``).
@@ -106,19 +106,20 @@ def confirm_finalists(
     Returns:
         The finalists' and FP32's confirmations (not the one-liners').
     """
-    order, _ = finalist_order(list(store.trials()), config.finalists, fp32, runtime_shares, knob_defaults)
-    size = size or ConfirmationSize(config.confirm.top_k, len(one_liners), config.confirm.rounds, spare=True)
+    store = evaluator.store
+    order, _ = finalist_order(list(store.trials()), rule, fp32, runtime_shares, knob_defaults)
+    size = size or ConfirmationSize(confirm_config.top_k, len(one_liners), confirm_config.rounds, spare=True)
     if size.finalists == 0:  # no time for any finalist: FP32 alone, the fewest rounds, is what gets exported
         return confirm(evaluator, store, [fp32], MIN_CONFIRM_ROUNDS)
-    rounds = None if size.rounds == config.confirm.rounds else size.rounds
+    rounds = None if size.rounds == confirm_config.rounds else size.rounds
     finalists = [*order[: size.finalists], fp32]
     one_liners = list(one_liners)[: size.references]
     confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
     confirmed = check_confirmation_timing(
-        evaluator, store, config.confirm, confirmed, fp32, one_liners, rounds, size.spare
+        evaluator, store, confirm_config, confirmed, fp32, one_liners, rounds, size.spare
     )
     for plan in order[size.finalists : 2 * size.finalists] if size.spare else ():
-        if any(meets_budget(r, config.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
+        if any(meets_budget(r, rule.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break
         confirmed += confirm(evaluator, store, [plan], rounds)
     return confirmed
@@ -186,17 +187,24 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
 
 
 def export_ranked(
-    run: RunDir, config: TuneConfig, evaluator: Evaluator, store: TrialStore, rank: int = 1, out_dir: Path | None = None
+    run: RunDir,
+    evaluator: Evaluator,
+    accuracy_budget: float,
+    metric: str,
+    rank: int = 1,
+    out_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Writes the plan of a given confirmation rank: deployable model, ``plan.json`` and ``summary.json``.
 
-    The summary's ``ranking`` lists every confirmed plan of the store, best first.
+    The summary's ``ranking`` lists every confirmed plan of the evaluator's store, best first, by ``accuracy_budget``;
+    ``metric`` names the metric the drops are in.
 
     Raises:
         ConfigError: No confirmed plan has that rank.
     """
-    confirmed = ranking(list(store.confirmations().values()), config.accuracy_budget, confirmation_noise(store))
-    within = [r for r in confirmed if meets_budget(r, config.accuracy_budget)]
+    store = evaluator.store
+    confirmed = ranking(list(store.confirmations().values()), accuracy_budget, confirmation_noise(store))
+    within = [r for r in confirmed if meets_budget(r, accuracy_budget)]
     if not 1 <= rank <= len(within):
         raise ConfigError(f"rank {rank} does not exist: {len(within)} confirmed plans meet the accuracy budget")
     chosen = within[rank - 1]
@@ -212,9 +220,9 @@ def export_ranked(
         "files": files,
         "winner": _metrics(chosen),
         "fp32_reference": _metrics(reference) if reference else None,
-        **reference_rows(store, chosen, config.accuracy_budget),
-        "accuracy_budget": config.accuracy_budget,
-        "metric": config.metric.name,
+        **reference_rows(store, chosen, accuracy_budget),
+        "accuracy_budget": accuracy_budget,
+        "metric": metric,
         "builds": store.builds(),
         "imported_trials": len(store.imported()),
         "cache_hits": int(meta.cache_hits),

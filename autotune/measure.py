@@ -314,26 +314,24 @@ def _rounds(
             waited_out_s += round_s
         clear = _clear(readings, protocol, shares.shared)
         counted = _counted(np.array(round_medians), clear, protocol, pace, limit)
-        if counted is None or (counted[1] and not shares.settled(now, len(readings))):
-            continue  # more rounds; or enough, in a span where other processes took the cores: time them again
+        own = shares.settled(now, len(readings)) if counted is not None and counted[1] else True
+        if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
+            counted = None if own is None or len(readings) < limit else ([], False)
+        if counted is None:
+            continue
         contended = not all(clear)
         if counted[1] or waited_out_s >= protocol.busy_patience_s or not contended:
             break  # quiet; out of patience; or no other process to wait out (a noisy pace is no reason to wait)
         waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
-        shares.restart(last, len(readings))
+        shares.restart(last, len(readings), unread_shared=True)
     rows, quiet = counted
     whole = sampler.reading(first, last)
-    busy = Busy(
-        len(readings),
-        len(rows) if quiet else protocol.rounds,
-        sum(not round_clear for round_clear in _clear(readings, protocol, shares.shared)),
-        None if whole is None else whole.others,
-        None if whole is None else whole.waited,
-        describe_cpus(sampler.cpus),
-        quiet,
-    )
+    shared = sum(not round_clear for round_clear in _clear(readings, protocol, shares.shared))
+    others, waited = (None, None) if whole is None else (whole.others, whole.waited)
+    counts = (len(readings), len(rows) if quiet else protocol.rounds, shared)
+    busy = Busy(*counts, others, waited, describe_cpus(sampler.cpus), quiet)
     return _paired(blocks, rows, busy) if quiet else _from_floors(blocks, protocol.rounds, busy)
 
 
@@ -356,20 +354,27 @@ class _SharedSpans:
         self.shared: set[int] = set()  # rounds in spans the others shared
         self.restart(start, 0)
 
-    def restart(self, snapshot: Snapshot | None, round_index: int) -> None:
-        """A new span from ``snapshot``, whose first round is ``round_index``."""
+    def restart(self, snapshot: Snapshot | None, round_index: int, unread_shared: bool = False) -> None:
+        """A new span from ``snapshot``, whose first round is ``round_index``.
+
+        ``unread_shared``: the rounds of the span so far, not read yet (a back-off ends it), count as shared.
+        """
+        if unread_shared and self.busy_others is not None:
+            self.shared.update(range(self._first_round, round_index))
         self._start, self._first_round = snapshot, round_index
 
-    def settled(self, now: Snapshot | None, rounds: int) -> bool:
+    def settled(self, now: Snapshot | None, rounds: int) -> bool | None:
         """The span up to ``now`` (``rounds`` rounds timed) was the timed threads' own; False leaves it out.
 
-        False too while the span is too short to read: the rounds go on until it can be read.
+        None while the span is too short to read: the rounds go on until it can be read.
         """
         if self.busy_others is None or self._start is None or now is None:
             return True
         reading = self.sampler.reading(self._start, now)
-        if reading is None or reading.others is None:
-            return False
+        if reading is None:
+            return True
+        if reading.others is None:
+            return None
         if reading.others <= self.busy_others:
             return True
         self.shared.update(range(self._first_round, rounds))

@@ -330,13 +330,14 @@ def _confirm_and_export(
     if size.note:
         say(size.note)
     started = deadline.clock()
-    confirm_finalists(session.evaluator, store, config, fp32, one_liners, shares, size, dict(space.plan().knobs))
+    knobs = dict(space.plan().knobs)
+    confirm_finalists(session.evaluator, config.finalists, config.confirm, fp32, one_liners, shares, size, knobs)
     times["confirmation"] = deadline.clock() - started
     RunMeta.write(store, time_s=times, confirmation_cut=size.note)
     # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
     # resume) can outrank this run's finalists.
     started = deadline.clock()
-    summary = export_ranked(session.run, config, session.evaluator, store)
+    summary = export_ranked(session.run, session.evaluator, config.accuracy_budget, config.metric.name)
     times["export"] = deadline.clock() - started
     return summary
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import replace
 
 import pytest
 
-from autotune.measure import Latency, Protocol, interleaved
+from autotune.measure import Latency, Protocol, interleaved, side_by_side
 
 EVERY_ROUND = {"quiet_band": None, "settle_s": 0.0, "busy_wait": None, "busy_patience_s": 0.0}
 """The protocol without quiet rounds: every round counts, the process needs no settling."""
@@ -568,3 +570,79 @@ def test_a_sub_millisecond_models_search_and_confirmation_agree_once_samples_are
     assert abs(apart - 1) > 0.2  # one run a sample: the short protocol times the cold runs after a switch
     sized = [replace(protocol, min_sample_ms=1.0) for protocol in (search, confirmation)]
     assert _sub_ms_speedup(sized[0]) == pytest.approx(_sub_ms_speedup(sized[1]), rel=0.05)
+
+
+class _SharedSampler(ScriptedSampler):
+    """Never a run-queue wait; other processes took ``others(k)`` of the cores in span ``k`` (snapshots apart)."""
+
+    def __init__(self, others) -> None:
+        super().__init__(lambda k: 0.0)
+        self.others = others
+
+    def reading(self, start, end):
+        from autotune.interference import Reading
+
+        if start is None or end is None:
+            return None
+        spans = range(start, end)
+        share = max((self.others(k) for k in spans), default=0.0)
+        return Reading(float(len(spans)), share, 0.0)
+
+
+def test_rounds_in_a_span_where_others_took_the_cores_do_not_count_though_nothing_waited():
+    # Another process takes half the cores while the first three rounds are timed; the timed threads never wait
+    # (it runs in their idle moments), yet all-INT8 ran 1.5x slower there: those rounds are timed again.
+    sampler = _SharedSampler(lambda k: 0.5 if k < 3 else 0.0)
+
+    def reference() -> float:
+        return 2.0 * (1.2 if sampler.taken <= 3 else 1.0)  # rounds 0-2 end at snapshots 1-3
+
+    def candidate() -> float:
+        return 1.0 * (1.5 if sampler.taken <= 3 else 1.0)
+
+    protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=20, quiet_band=None, busy_others=0.1)
+    (latency,) = side_by_side([candidate], reference, protocol, self_timed=True, sampler=sampler)
+    assert latency.round_speedups == pytest.approx((2.0, 2.0, 2.0))
+    assert latency.busy.quiet and latency.busy.contended == 3 and latency.busy.rounds == 6
+    assert latency.busy.describe().startswith("the machine was busy")
+    sampler = _SharedSampler(lambda k: 0.5 if k < 3 else 0.0)
+    without = Protocol(**{**protocol.to_dict(), "busy_others": None})
+    (unchecked,) = side_by_side([candidate], reference, without, self_timed=True, sampler=sampler)
+    assert unchecked.round_speedups == pytest.approx((1.6, 1.6, 1.6))  # what the rounds beside it read
+
+
+def test_a_machine_shared_in_every_span_is_said_to_be_too_busy():
+    sampler = _SharedSampler(lambda k: 0.5)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=4, busy_others=0.1, busy_patience_s=4)
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
+    assert sampler.backed_off == [2.0, 2.0] and not latency.busy.quiet
+    assert "too busy to measure" in latency.busy.describe()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc accounting")
+def test_a_real_process_at_nice_19_on_our_cores_makes_the_measurement_say_the_machine_was_shared():
+    import os
+    import subprocess
+
+    cpus = sorted(os.sched_getaffinity(0))
+    loop = (
+        f"import os, time; os.sched_setaffinity(0, {set(cpus)}); end = time.time() + 4\nwhile time.time() < end: pass"
+    )
+    competitors = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", loop]) for _ in cpus]
+    try:
+        time.sleep(0.2)
+
+        def run() -> None:
+            end = time.perf_counter() + 0.002
+            while time.perf_counter() < end:
+                pass
+            time.sleep(0.001)  # idle moments, in which the nice process runs without keeping us waiting
+
+        protocol = Protocol(warmup=0, repeats=5, rounds=3, settle_s=0.0, max_rounds=6, busy_others=0.1)
+        latency = interleaved(run, run, replace(protocol, busy_patience_s=0.0))
+    finally:
+        for competitor in competitors:
+            competitor.kill()
+            competitor.wait()
+    assert latency.busy.others is not None and latency.busy.others > 0.1
+    assert latency.busy.shared

@@ -28,7 +28,7 @@ def _bench(config: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 def test_parallel_runs_each_pin_their_own_cores_and_report_every_run(tmp_path):
     config = tmp_path / "tiny.yaml"
     fast = {
-        "measure": {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0, "busy_patience_s": 0},
+        "measure": {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0, "busy_patience_s": 0, "busy_others": None},
         "confirm": {"top_k": 2, "repeats": 1, "rounds": 1},
     }
     config.write_text(dump_config(tiny_config(tmp_path, **fast)))

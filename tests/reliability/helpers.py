@@ -22,7 +22,15 @@ from autotune.testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 # What the machine's other work does to a measurement is tests/test_measure.py's; these runs' stderr is exact.
-FAST_MEASURE = {"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0, "quiet_band": None, "busy_wait": None}
+FAST_MEASURE = {
+    "warmup": 1,
+    "repeats": 1,
+    "rounds": 1,
+    "settle_s": 0,
+    "quiet_band": None,
+    "busy_wait": None,
+    "busy_others": None,
+}
 FAST_CONFIRM = {"top_k": 2, "repeats": 1, "rounds": 1}
 
 

@@ -182,7 +182,7 @@ def test_cosine_needs_no_labels(tmp_path, capsys):
         data=unlabelled,
         metric={"name": "cosine"},
         budget={"builds": 1},
-        measure={"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0, "busy_patience_s": 0},
+        measure={"warmup": 1, "repeats": 1, "rounds": 1, "settle_s": 0, "busy_patience_s": 0, "busy_others": None},
         confirm={"top_k": 1, "repeats": 1, "rounds": 1},
     )
     code, err = cli(
