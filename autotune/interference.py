@@ -165,7 +165,8 @@ class Busy:
     Attributes:
         rounds: Rounds timed.
         counted: Rounds that counted.
-        contended: Rounds in which this process's threads waited for a core beyond ``Protocol.busy_wait``.
+        contended: Rounds in which this process's threads waited for a core beyond ``Protocol.busy_wait``, or that
+            fell in a span where other processes took more than ``Protocol.busy_others`` of the cores.
         others: Share of the usable cores that other work took over the measurement (None: Linux's accounting
             could not be read, or the measurement was too short to read it).
         waited: This process's run-queue wait per wall second over the measurement (None: as above).
@@ -191,7 +192,7 @@ class Busy:
         """One line for the user: how busy, and what the measurement did about it."""
         took = "" if self.others is None else f"other processes took {self.others:.0%} of cores {self.cpus}; "
         what = (
-            f"{took}the timed threads waited for a core in {self.contended} of {self.rounds} rounds"
+            f"{took}other work got in the way of the timed threads in {self.contended} of {self.rounds} rounds"
             if self.waited is not None
             else "Linux's accounting could not be read"
         )

@@ -309,8 +309,8 @@ def test_evaluate_says_in_one_line_when_other_work_got_in_the_way_of_its_timing(
     _say_busy([{"status": "ok", "busy": busy}, {"status": "ok", "busy": busy}])
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [
-        "autotune: note: the machine was busy (other processes took 46% of cores 0-1; the timed threads waited for "
-        "a core in 5 of 9 rounds); timings extended to 4 quiet rounds"
+        "autotune: note: the machine was busy (other processes took 46% of cores 0-1; other work got in the way of "
+        "the timed threads in 5 of 9 rounds); timings extended to 4 quiet rounds"
     ]
     _say_busy([{"status": "ok", "busy": {**busy, "contended": 0}}, {"status": "failed", "busy": None}])
     assert capsys.readouterr().err == ""
