@@ -91,6 +91,35 @@ def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+WAIT_BINS = ((0.0, 0.005), (0.005, 0.02), (0.02, 0.05), (0.05, 0.1), (0.1, 0.3), (0.3, float("inf")))
+"""Run-queue wait per wall second, by which the rounds are grouped in ``by_wait``."""
+
+
+def by_wait(data: dict) -> list[dict[str, float | int]]:
+    """Per bin of the rounds' run-queue wait: how many rounds, their FP32-over-itself and INT8 ratios (medians).
+
+    Shows whether the scheduler's wait tells the rounds that a competing process slowed from the others.
+    """
+    medians = np.array([[np.median(runs) for runs in round_] for round_ in data["rounds"]])  # round x runner
+    waits = np.array([np.nan if wait is None else wait for wait in data["waits"]])
+    rows = []
+    for low, high in WAIT_BINS:
+        chosen = (waits >= low) & (waits < high)
+        if chosen.any():
+            ratios = medians[chosen, :1] / medians[chosen, 1:]
+            rows.append(
+                {
+                    "wait": f"[{low}, {high})",
+                    "rounds": int(chosen.sum()),
+                    "fp32": round(float(np.median(ratios[:, 0])), 3),
+                    "int8": round(float(np.median(ratios[:, 1])), 3),
+                    "fp32_ms": round(float(np.median(medians[chosen, 0])), 3),
+                    "int8_ms": round(float(np.median(medians[chosen, 2])), 3),
+                }
+            )
+    return rows
+
+
 def summary(values: list[float]) -> dict[str, float | int]:
     """Count, range, and the largest distance from 1 (FP32) or max over min (INT8)."""
     if not values:
@@ -106,19 +135,25 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=16, help="rounds per simulated measurement")
     parser.add_argument("--busy-nice", type=int, default=None, help="run a busy loop at this niceness beside it")
     parser.add_argument("--out", help="write the trace and the estimates as JSON")
+    parser.add_argument("--from-trace", help="read the trace of an earlier --out instead of tracing")
     args = parser.parse_args()
-    competitor = None
-    if args.busy_nice is not None:
-        competitor = subprocess.Popen(["nice", "-n", str(args.busy_nice), sys.executable, "-c", BUSY_LOOP])
-    try:
-        data = trace(args.config, args.seconds)
-    finally:
-        if competitor is not None:
-            competitor.kill()
+    if args.from_trace:
+        with open(args.from_trace) as file:
+            data = json.load(file)
+        args.busy_nice = data.get("busy_nice")
+    else:
+        competitor = None
+        if args.busy_nice is not None:
+            competitor = subprocess.Popen(["nice", "-n", str(args.busy_nice), sys.executable, "-c", BUSY_LOOP])
+        try:
+            data = trace(args.config, args.seconds)
+        finally:
+            if competitor is not None:
+                competitor.kill()
     results = {name: {k: summary(v) for k, v in rows.items()} for name, rows in estimates(data, args.window).items()}
-    head = {"busy_nice": args.busy_nice, "rounds": len(data["rounds"]), "others": data["others"]}
-    print(json.dumps({**head, **results}, indent=1))
-    if args.out:
+    head = {"busy_nice": args.busy_nice, "rounds": len(data["rounds"]), "others": data.get("others")}
+    print(json.dumps({**head, **results, "by_wait": by_wait(data)}, indent=1))
+    if args.out and not args.from_trace:
         with open(args.out, "w") as file:
             json.dump({"busy_nice": args.busy_nice, "estimates": results, **data}, file)
 
