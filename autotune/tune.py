@@ -13,7 +13,7 @@ from autotune.config import ConfigError, TuneConfig
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.files import write_json
 from autotune.harness import Evaluator
-from autotune.harness.deadline import RunDeadline, TrialCosts
+from autotune.harness.deadline import ROUND_LIMIT_FACTOR, RunDeadline, TrialCosts
 from autotune.harness.earlier_runs import import_runs
 from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
 from autotune.harness.prepare import Stages
@@ -248,10 +248,13 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     setup_s = deadline.clock() - deadline.started
     RunMeta.write(store, setup_s=setup_s, setup_stages_s=dict(session.stage.seconds))
     one_liners = one_liner_plans(evaluator, space.layer_names)
+    rounds = confirmation_rounds(config.confirm, search_check) or config.confirm.rounds
+    max_rounds = config.measure.max_rounds
     confirmation = _ConfirmationShape(
         config.confirm.top_k + len(one_liners),
-        confirmation_rounds(config.confirm, search_check) or config.confirm.rounds,
+        rounds,
         config.measure.warmup + config.confirm.repeats,
+        ROUND_LIMIT_FACTOR if max_rounds is None else max(1.0, max_rounds / rounds),
     )
     try:
         fixed = _timed_search(
@@ -272,11 +275,16 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
 
 @dataclass(frozen=True)
 class _ConfirmationShape:
-    """The confirmation a search leaves time for: plans beside FP32, rounds, and runs of each per round."""
+    """The confirmation a search leaves time for.
+
+    Plans beside FP32, rounds, runs of each per round, and the rounds it may time per round it needs (the round
+    limit of ``measure.max_rounds``).
+    """
 
     plans: int
     rounds: int
     runs_per_round: int
+    limit_factor: float
 
 
 def _timed_search(
@@ -293,7 +301,7 @@ def _timed_search(
     driver = Driver.for_budget(harness, config.budget, space)
 
     def leave_time_for_the_confirmation() -> None:
-        costs = TrialCosts.of(list(store.trials()))
+        costs = TrialCosts.of(list(store.trials()), confirmation.limit_factor, config.measure.busy_patience_s)
         left = deadline.search_left_s(costs, confirmation.plans, confirmation.rounds, confirmation.runs_per_round)
         if driver.deadline is not None or left != float("inf"):
             driver.deadline = driver.clock() + left
@@ -321,7 +329,7 @@ def _confirm_and_export(
     config, store, deadline = session.config, session.store, session.deadline
     shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
     size = deadline.size_confirmation(
-        TrialCosts.of(list(store.trials())),
+        TrialCosts.of(list(store.trials()), confirmation.limit_factor, config.measure.busy_patience_s),
         config.confirm.top_k,
         len(one_liners),
         confirmation.rounds,

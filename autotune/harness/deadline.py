@@ -21,8 +21,12 @@ from autotune.trial import TrialResult
 
 MIN_CONFIRM_ROUNDS = 3
 """The fewest rounds a confirmation sized to its time may keep: a median of fewer is one round's luck."""
-ROUNDS_INFLATION_DEFAULT = 1.5
-"""Rounds timed per round that counts, before any trial has said how many of its rounds were quiet."""
+ROUND_LIMIT_FACTOR = 4.0
+"""Rounds a measurement may time per round it needs before it stops without quiet ones (``Protocol.round_limit``
+with ``measure.max_rounds`` unset). The confirmation is costed at that limit: one of several plans finds rounds in
+which all of them ran at their pace less often than a trial of one plan (MiniLM's search trials timed 1.7 rounds
+per round they kept, its confirmation of four finalists and two one-liners its limit of 32 for 8, and a 10-minute
+run took 13)."""
 EXPORT_SHARE = 0.6
 """The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""
 UNKNOWN_RESERVE_SHARE = 0.25
@@ -37,18 +41,28 @@ class TrialCosts:
         prepare_s: Seconds to build and score one plan (the median trial's total less its timing).
         run_ms: Milliseconds of one timed run of a plan (the median trial's latency), and of FP32.
         reference_ms: Milliseconds of one run of the FP32 reference.
-        rounds_inflation: Rounds timed per round that counted (the median over the trials: a busy machine
-            times more rounds than it keeps).
+        rounds_inflation: Rounds timed per round that counts, at the most (``ROUND_LIMIT_FACTOR``, or the
+            trials' own median where a busy machine made them time more).
+        patience_s: Seconds a measurement may wait out a busy machine past its limit (``measure.busy_patience_s``).
     """
 
     prepare_s: float
     run_ms: float
     reference_ms: float
     rounds_inflation: float
+    patience_s: float = 0.0
 
     @classmethod
-    def of(cls, trials: Sequence[TrialResult]) -> TrialCosts | None:
-        """The costs read from the trials that were timed; None before any was."""
+    def of(
+        cls, trials: Sequence[TrialResult], limit_factor: float = ROUND_LIMIT_FACTOR, patience_s: float = 0.0
+    ) -> TrialCosts | None:
+        """The costs read from the trials that were timed; None before any was.
+
+        Args:
+            trials: The run's trials.
+            limit_factor: Rounds a measurement times at most per round it needs (``ROUND_LIMIT_FACTOR``).
+            patience_s: ``measure.busy_patience_s``.
+        """
         timed = [t for t in trials if not t.from_store and t.latency_ms and t.reference_latency_ms and t.total_s]
         if not timed:
             return None
@@ -63,18 +77,19 @@ class TrialCosts:
             statistics.median(prepare),
             statistics.median(t.latency_ms for t in timed),
             statistics.median(t.reference_latency_ms for t in timed),
-            max(1.0, statistics.median(inflation)),
+            max(limit_factor, statistics.median(inflation)),
+            patience_s,
         )
 
     def confirmation_s(self, plans: int, rounds: int, runs_per_round: int) -> float:
         """Seconds to confirm ``plans`` plans (finalists and one-liners) beside FP32, and export the winner.
 
-        Each plan is built and scored, then every plan and FP32 run ``runs_per_round`` times in each of the rounds
-        (inflated by the rounds a busy machine adds). One-liners are costed as a plan of the search: their speed is
+        Each plan is built and scored, then every plan and FP32 run ``runs_per_round`` times in each of the rounds,
+        up to the round limit, and the patience on top. One-liners are costed as a plan of the search: their speed is
         unknown until they are timed.
         """
         per_round_s = runs_per_round * (plans * self.run_ms + self.reference_ms) / 1e3
-        timing_s = rounds * self.rounds_inflation * per_round_s
+        timing_s = rounds * self.rounds_inflation * per_round_s + self.patience_s
         return (plans + 1 + EXPORT_SHARE) * self.prepare_s + timing_s
 
 

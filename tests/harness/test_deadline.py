@@ -37,11 +37,12 @@ def _clock(start: float = 1000.0) -> tuple[list[float], RunDeadline]:
 
 def test_trial_costs_separate_building_and_scoring_from_timing():
     # 4 rounds x 7 runs x (10 + 20) ms = 0.84 s of timing in a 3.84 s trial: 3 s to build and score
-    costs = TrialCosts.of([_trial(3.84, 10.0, 20.0)])
+    costs = TrialCosts.of([_trial(3.84, 10.0, 20.0)], limit_factor=4.0, patience_s=5.0)
     assert costs.prepare_s == pytest.approx(3.0)
-    assert (costs.run_ms, costs.reference_ms, costs.rounds_inflation) == (10.0, 20.0, 1.0)
-    # a busy machine that timed 12 rounds to keep 4 inflates the rounds a confirmation is expected to take
-    assert TrialCosts.of([_trial(5.52, 10.0, 20.0, rounds_timed=12)]).rounds_inflation == 3.0
+    # the confirmation is costed at its round limit, and at the patience on top
+    assert (costs.run_ms, costs.reference_ms, costs.rounds_inflation, costs.patience_s) == (10.0, 20.0, 4.0, 5.0)
+    # a busy machine whose trials timed 24 rounds to keep 4 (back-offs) costs more than the limit
+    assert TrialCosts.of([_trial(6.72, 10.0, 20.0, rounds_timed=24)], limit_factor=4.0).rounds_inflation == 6.0
 
 
 def test_store_hits_and_failures_say_nothing_about_cost():
