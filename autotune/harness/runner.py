@@ -113,17 +113,7 @@ class TrialRunner:
         self.sampler = Sampler()  # and reads how busy the others kept the cores meanwhile
         self._prepare_reference_and_calibration(stage)
         with stage("layerwise"):
-            self.use_layerwise(
-                choose_layerwise(
-                    config.cache_dir,
-                    self.model,
-                    self.backend,
-                    self.space,
-                    self.calibration,
-                    self._calibration_data,
-                    self.output_index,
-                )
-            )
+            self.use_layerwise(self._choose_layerwise())
         with stage("fp32_outputs"):
             self.reference_outputs = {
                 split: self._outputs(self.reference, data) for split, data in self.datasets.items()
@@ -242,21 +232,21 @@ class TrialRunner:
         ``choices`` are those of the backend's default INT8 scheme; a plan of another scheme (``int8_scheme``) is
         built with choices made with its own, chosen when the first such plan is built.
         """
-
-        def choose(recipe: QuantRecipe) -> LayerwiseChoices | None:
-            return choose_layerwise(
-                self.config.cache_dir,
-                self.model,
-                self.backend,
-                self.space,
-                self.calibration,
-                self._calibration_data,
-                self.output_index,
-                recipe,
-            )
-
         self.quantizations = Quantizations(
-            self.model, self.calibration, choices, self.backend.recipe, self.backend.recipe_for, choose
+            self.model, self.calibration, choices, self.backend.recipe, self.backend.recipe_for, self._choose_layerwise
+        )
+
+    def _choose_layerwise(self, recipe: QuantRecipe | None = None) -> LayerwiseChoices | None:
+        """The per-layer calibration recipes measured with ``recipe`` (None: the backend's default scheme)."""
+        return choose_layerwise(
+            self.config.cache_dir,
+            self.model,
+            self.backend,
+            self.space,
+            self.calibration,
+            self._calibration_data,
+            self.output_index,
+            recipe,
         )
 
     @property
