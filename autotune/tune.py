@@ -13,12 +13,13 @@ from autotune.config import ConfigError, TuneConfig
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.files import write_json
 from autotune.harness import Evaluator
-from autotune.harness.deadline import ROUND_LIMIT_FACTOR, RunDeadline, TrialCosts
+from autotune.harness.deadline import RunDeadline, TrialCosts
 from autotune.harness.earlier_runs import import_runs
 from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
 from autotune.harness.prepare import Stages
 from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
+from autotune.harness.runner import confirmation_protocol
 from autotune.harness.selfcheck import (
     check_search_timing,
     confirmation_rounds,
@@ -249,12 +250,11 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     RunMeta.write(store, setup_s=setup_s, setup_stages_s=dict(session.stage.seconds))
     one_liners = one_liner_plans(evaluator, space.layer_names)
     rounds = confirmation_rounds(config.confirm, search_check) or config.confirm.rounds
-    max_rounds = config.measure.max_rounds
     confirmation = _ConfirmationShape(
         config.confirm.top_k + len(one_liners),
         rounds,
         config.measure.warmup + config.confirm.repeats,
-        ROUND_LIMIT_FACTOR if max_rounds is None else max(1.0, max_rounds / rounds),
+        confirmation_protocol(config.measure, config.confirm, rounds).round_limit / rounds,
     )
     try:
         fixed = _timed_search(
@@ -301,10 +301,11 @@ def _timed_search(
     driver = Driver.for_budget(harness, config.budget, space)
 
     def leave_time_for_the_confirmation() -> None:
+        if deadline.total_s is None:  # no minutes: nothing to leave, and no reason to read every trial again
+            return
         costs = TrialCosts.of(list(store.trials()), confirmation.limit_factor, config.measure.busy_patience_s)
         left = deadline.search_left_s(costs, confirmation.plans, confirmation.rounds, confirmation.runs_per_round)
-        if driver.deadline is not None or left != float("inf"):
-            driver.deadline = driver.clock() + left
+        driver.deadline = driver.clock() + left
 
     harness.landed = leave_time_for_the_confirmation
     leave_time_for_the_confirmation()

@@ -22,8 +22,8 @@ from autotune.trial import TrialResult
 MIN_CONFIRM_ROUNDS = 3
 """The fewest rounds a confirmation sized to its time may keep: a median of fewer is one round's luck."""
 ROUND_LIMIT_FACTOR = 4.0
-"""Rounds a measurement may time per round it needs before it stops without quiet ones (``Protocol.round_limit``
-with ``measure.max_rounds`` unset). The confirmation is costed at that limit: one of several plans finds rounds in
+"""Rounds a measurement may time per round it needs before it stops without quiet ones, where no protocol says
+(``Protocol.round_limit`` with ``measure.max_rounds`` unset; a run passes its own). The confirmation is costed at that limit: one of several plans finds rounds in
 which all of them ran at their pace less often than a trial of one plan (MiniLM's search trials timed 1.7 rounds
 per round they kept, its confirmation of four finalists and two one-liners its limit of 32 for 8, and a 10-minute
 run took 13)."""
