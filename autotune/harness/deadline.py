@@ -23,10 +23,10 @@ MIN_CONFIRM_ROUNDS = 3
 """The fewest rounds a confirmation sized to its time may keep: a median of fewer is one round's luck."""
 ROUND_LIMIT_FACTOR = 4.0
 """Rounds a measurement may time per round it needs before it stops without quiet ones, where no protocol says
-(``Protocol.round_limit`` with ``measure.max_rounds`` unset; a run passes its own). The confirmation is costed at that limit: one of several plans finds rounds in
-which all of them ran at their pace less often than a trial of one plan (MiniLM's search trials timed 1.7 rounds
-per round they kept, its confirmation of four finalists and two one-liners its limit of 32 for 8, and a 10-minute
-run took 13)."""
+(``Protocol.round_limit`` with ``measure.max_rounds`` unset; a run passes its own). The confirmation is costed at
+that limit: one of several plans finds rounds in which all of them ran at their pace less often than a trial of
+one plan (MiniLM's search trials timed 1.7 rounds per round they kept, its confirmation of four finalists and two
+one-liners its limit of 32 for 8, and a 10-minute run took 13)."""
 EXPORT_SHARE = 0.6
 """The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""
 UNKNOWN_RESERVE_SHARE = 0.25
