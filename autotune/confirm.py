@@ -16,6 +16,7 @@ from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize
 from autotune.harness.identity import KEY_META
+from autotune.harness.runner import SLOW_PLAN_FACTOR
 from autotune.harness.selfcheck import (
     check_confirmation_timing,
     confirmation_noise,
@@ -122,7 +123,17 @@ def confirm_finalists(
         if any(meets_budget(r, rule.accuracy_budget) for r in confirmed if r.plan_hash != fp32.hash):
             break
         confirmed += confirm(evaluator, store, [plan], rounds)
+    for name, result in store.references().items():
+        if (note := slow_timing_note(result)) is not None:
+            say(f"{name}: {note}")
     return confirmed
+
+
+def slow_timing_note(result: TrialResult) -> str | None:
+    """One line for a plan timed in one round because it runs ``SLOW_PLAN_FACTOR`` times slower than FP32, else None."""
+    if result.protocol.get("rounds") != 1 or not result.speedup or result.speedup * SLOW_PLAN_FACTOR > 1.0:
+        return None
+    return f"runs {1.0 / result.speedup:.1f}x slower than FP32: timed in one round, not ranked by its speed"
 
 
 def one_liner_plans(evaluator: Evaluator, layers: list[str]) -> list[Plan]:
@@ -158,7 +169,13 @@ def reference_rows(store: TrialStore, winner: TrialResult, accuracy_budget: floa
     """
     references = store.references()
     rows = {
-        name: {"plan_hash": r.plan.hash, "status": r.status, "error": r.error, **_metrics(r)}
+        name: {
+            "plan_hash": r.plan.hash,
+            "status": r.status,
+            "error": r.error,
+            "note": slow_timing_note(r),
+            **_metrics(r),
+        }
         for name, r in references.items()
     }
     within = [(name, r) for name, r in references.items() if meets_budget(r, accuracy_budget) and r.speedup]

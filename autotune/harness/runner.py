@@ -44,6 +44,10 @@ BACK_TO_BACK_LAUNCHES = 20
 """Launches per back-to-back timing (``Backend.time_back_to_back``)."""
 BACK_TO_BACK_ROUNDS = 15
 """Back-to-back timings per confirmed plan; their median is ``TrialResult.back_to_back_ms``."""
+SLOW_PLAN_FACTOR = 3.0
+"""A plan whose run takes at least this many times FP32's is timed in one round (``Protocol.rounds`` 1 in its
+result): its ratio cannot change a ranking, and its rounds would cost the most. ONNX Runtime's
+``quantize_dynamic`` runs the EfficientNet example at 0.07x FP32: its confirmation in full rounds took 4 minutes."""
 
 
 def search_protocol(measure: MeasureConfig) -> Protocol:
@@ -82,6 +86,25 @@ def _time_alone(
         return latency, time.perf_counter() - start
     except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
         return f"{type(error).__name__}: {error}", time.perf_counter() - start
+
+
+def _slow_plans(timers: Sequence[Callable[[], float]], reference: Callable[[], float]) -> list[int]:
+    """The indices of the timers whose faster of two runs takes ``SLOW_PLAN_FACTOR`` times FP32's or more.
+
+    A timer that fails here is left to the timing proper, which records its error.
+    """
+    try:
+        reference_ms = min(reference(), reference())
+    except Exception:  # noqa: BLE001 - the timing proper records the failure
+        return []
+    slow = []
+    for index, timer in enumerate(timers):
+        try:
+            if min(timer(), timer()) >= SLOW_PLAN_FACTOR * reference_ms:
+                slow.append(index)
+        except Exception:  # noqa: BLE001 - as above
+            continue
+    return slow
 
 
 class TrialRunner:
@@ -310,17 +333,36 @@ class TrialRunner:
                 pending.append((index, outcome))
         if not pending:  # nothing built: no FP32 rounds to time
             return [result for result in results if result is not None]
-        timed = self._time_together([item.artifact for _, item in pending], feeds, protocol)
+        timed = self._time_by_pace([item.artifact for _, item in pending], feeds, protocol)
         back_to_back = self._back_to_back([item.artifact for _, item in pending], feeds, split)
-        for (index, item), (latency, seconds), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
+        for (index, item), (latency, seconds, used), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
             if isinstance(latency, str):
                 results[index] = TrialResult.failure(item.plan, latency, split=split, total_s=item.scored_s + seconds)
                 continue
             reference_back_to_back = back_to_back[-1] if pipelined is not None else None
             results[index] = self._timed_result(
-                item, latency, split, protocol, (seconds, pipelined, reference_back_to_back)
+                item, latency, split, used, (seconds, pipelined, reference_back_to_back)
             )
         return [result for result in results if result is not None]
+
+    def _time_by_pace(
+        self, artifacts: Sequence[Any], feeds: Any, protocol: Protocol
+    ) -> list[tuple[Latency | str, float, Protocol]]:
+        """Each artifact's latency (or error), seconds and protocol: plans ``SLOW_PLAN_FACTOR`` slower in one round.
+
+        The slow ones are timed apart, after the others, so their long runs leave the others' rounds as they were.
+        """
+        slow = _slow_plans([self._timer(a, feeds) for a in artifacts], self._timer(self.reference, feeds))
+        if protocol.rounds <= 1 or not slow:
+            return [(*timed, protocol) for timed in self._time_together(artifacts, feeds, protocol)]
+        one_round = replace(protocol, rounds=1, max_rounds=1)
+        timed: list[tuple[Latency | str, float, Protocol]] = [("not timed", 0.0, protocol)] * len(artifacts)
+        for group, used in (([i for i in range(len(artifacts)) if i not in slow], protocol), (slow, one_round)):
+            if group:
+                results = self._time_together([artifacts[i] for i in group], feeds, used)
+                for index, result in zip(group, results, strict=True):
+                    timed[index] = (*result, used)
+        return timed
 
     def _time_together(
         self, artifacts: Sequence[Any], feeds: Any, protocol: Protocol

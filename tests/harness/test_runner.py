@@ -61,6 +61,36 @@ def test_an_engine_that_fails_while_timed_fails_alone_and_the_others_are_timed_w
     assert alone.status == FAILED and alone.error == "RuntimeError: the engine stopped"
 
 
+def test_a_plan_several_times_slower_than_fp32_is_timed_in_one_round_and_says_so(runner, monkeypatch):
+    from autotune.confirm import slow_timing_note
+    from autotune.harness.runner import SLOW_PLAN_FACTOR
+
+    int8, fp32 = runner.space.uniform("int8"), runner.space.uniform("fp32")
+    engines = []
+    build = runner.build
+    monkeypatch.setattr(
+        runner, "build", lambda plan, workdir: engines.append((plan, build(plan, workdir))) or engines[-1][1]
+    )
+    slow_ms = SLOW_PLAN_FACTOR + 0.5  # FP32 takes 1 ms
+
+    def fake_time_run(artifact, feeds):
+        return slow_ms if any(plan == int8 and engine is artifact for plan, engine in engines) else 1.0
+
+    monkeypatch.setattr(runner.backend, "time_run", fake_time_run)
+    protocol = Protocol(warmup=0, repeats=2, rounds=3, settle_s=0.0, busy_wait=None)
+    slow, same = runner.run_side_by_side([int8, fp32], "holdout", protocol)
+    assert slow.protocol["rounds"] == 1 and len(slow.round_speedups) == 1
+    assert slow.speedup == pytest.approx(1.0 / slow_ms)
+    assert same.protocol == protocol.to_dict() and len(same.round_speedups) == protocol.rounds
+    assert (
+        slow_timing_note(slow) == f"runs {slow_ms:.1f}x slower than FP32: timed in one round, not ranked by its speed"
+    )
+    assert slow_timing_note(same) is None
+    slow_ms = SLOW_PLAN_FACTOR - 0.5
+    (close,) = runner.run_side_by_side([int8], "holdout", protocol)  # under the factor: every round, as any plan
+    assert close.protocol["rounds"] == protocol.rounds
+
+
 def test_a_side_by_side_request_of_plans_that_all_fail_times_nothing(runner, monkeypatch):
     int8 = runner.space.uniform("int8")
     outside = Plan.make({**int8.precision_map, runner.space.layer_names[0]: "fp8"}, int8.knob_map)
