@@ -111,6 +111,12 @@ class MetricConfig(_Strict):
     """Model output to score; default the first."""
     function: str | None = None
     """For ``custom``: ``module:function(outputs, reference_outputs, labels) -> float``, higher is better."""
+    early_stop_alpha: float | None = Field(0.01, gt=0, lt=1)
+    """A search trial's scoring stops early when its drop is over the accuracy budget with confidence ``1 - alpha``
+    (a sequential test over the evaluation batches, scored in a seeded shuffled order; ``alpha`` is the chance that
+    a plan within the budget is stopped). Such a trial is over the budget for the search, and records its drop on
+    the batches scored. Only on evaluation splits of 8 batches or more, for every metric but ``custom``; never for
+    confirmations. None: every trial scores every batch."""
 
     @model_validator(mode="after")
     def _custom_needs_function(self) -> MetricConfig:

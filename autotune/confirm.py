@@ -23,6 +23,7 @@ from autotune.harness.selfcheck import (
     say,
     summary_fields,
 )
+from autotune.harness.sequential import scoring_counts
 from autotune.plan import INT8_SCHEME_KNOB, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.runmeta import RunMeta
@@ -243,6 +244,7 @@ def export_ranked(
         "builds": store.builds(),
         "imported_trials": len(store.imported()),
         "cache_hits": int(meta.cache_hits),
+        "scoring": scoring_counts(list(store.trials())),  # the sequential early stop's share (metric.early_stop_alpha)
         "free_knobs": meta.free_knobs,
         "wall_s": float(meta.wall_s),
         "setup_s": meta.setup_s,

@@ -65,9 +65,20 @@ class _Agreement:
         )
 
     @property
-    def cosine(self) -> float:
+    def cosines(self) -> np.ndarray:
+        """Per-sample cosine similarity; 1 where either side is all zeros."""
         norms = self.norms * self.reference_norms
-        return float(np.mean(np.where(norms > 0, self.dots / np.maximum(norms, 1e-30), 1.0)))
+        return np.where(norms > 0, self.dots / np.maximum(norms, 1e-30), 1.0)
+
+    @property
+    def reference_cosines(self) -> np.ndarray:
+        """The reference's per-sample cosine with itself (1 up to rounding; 1 for an all-zero sample)."""
+        squares = self.reference_norms * self.reference_norms
+        return np.where(squares > 0, squares / np.maximum(squares, 1e-30), 1.0)
+
+    @property
+    def cosine(self) -> float:
+        return float(np.mean(self.cosines))
 
     @property
     def top1_agreement(self) -> float:
@@ -107,6 +118,63 @@ def top1(outputs: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None) -> 
     if truth.dtype.kind not in "iu" or truth.min() < 0 or truth.max() >= classes:
         raise MetricError(f"top1: labels must be integers in [0, {classes}) to match the model's {classes} outputs")
     return float(np.mean(predictions == truth))
+
+
+SEQUENTIAL_METRICS = ("cosine", "top1_agreement", "top1", "snr")
+"""The metrics whose drop is a ratio of sums over batches (:func:`batch_terms`), which a sequential test can bound
+before every batch is scored; a ``custom`` metric is scored on the whole split."""
+LOG_RATIO_METRICS = ("snr",)
+"""The metrics that are the log of their ratio of sums: a bound on them is taken on the log scale."""
+
+
+def batch_terms(name: str, output: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> tuple[float, float]:
+    """One batch's share of a metric's drop: its numerator and denominator.
+
+    Summed over batches, numerator over denominator is the ratio :func:`drop_of_ratio` turns into the drop. For a
+    mean of per-sample values (``cosine``, ``top1_agreement``, ``top1``), the sum of the per-sample drops (the
+    reference's value less the plan's, paired on each sample) over the batch's samples; for ``snr``, the batch's
+    noise energy over its signal energy.
+
+    Args:
+        name: One of ``SEQUENTIAL_METRICS``.
+        output: The plan's scored output on the batch.
+        reference: The FP32 reference's output on the batch.
+        labels: The batch's labels (``top1`` only).
+
+    Raises:
+        MetricError: A metric without batch terms, or outputs and labels that do not fit it.
+    """
+    agreement = _Agreement.of([output], [reference])
+    samples = float(agreement.dots.shape[0])
+    if name == "cosine":
+        return float(np.sum(agreement.reference_cosines - agreement.cosines)), samples
+    if name == "top1_agreement":
+        return float(np.sum(~agreement.same_argmax)), samples
+    if name == "snr":
+        return agreement.noise, agreement.signal
+    if name == "top1":
+        if labels is None:
+            raise MetricError("metric top1 needs labels: add a 'labels' array to the evaluation data")
+        truth = np.asarray(labels).reshape(-1)
+        plan = _flat([output]).argmax(axis=1) == truth
+        fp32 = _flat([reference]).argmax(axis=1) == truth
+        return float(np.sum(fp32.astype(np.float64) - plan)), samples
+    raise MetricError(f"metric {name!r} has no batch terms; metrics with them: {', '.join(SEQUENTIAL_METRICS)}")
+
+
+def drop_of_ratio(name: str, ratio: float, reference_accuracy: float) -> float:
+    """The drop that summed :func:`batch_terms` imply: increasing in ``ratio`` for every metric.
+
+    Args:
+        name: One of ``SEQUENTIAL_METRICS``.
+        ratio: Sum of numerators over sum of denominators.
+        reference_accuracy: FP32's score on the split (the SNR the reference scores: ``SNR_CAP_DB``).
+    """
+    if name != "snr":
+        return ratio
+    if ratio <= 0:
+        return reference_accuracy - SNR_CAP_DB
+    return reference_accuracy - min(SNR_CAP_DB, -10 * float(np.log10(ratio)))
 
 
 def check_labels(

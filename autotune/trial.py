@@ -37,6 +37,12 @@ class TrialResult:
         reference_accuracy: The same metric for the FP32 reference.
         accuracy_drop: ``reference_accuracy - accuracy``, in the metric's units.
         fidelity: Cosine, top-1 agreement and SNR against the FP32 outputs.
+        early_stop: Where the sequential test (:mod:`autotune.harness.sequential`, ``metric.early_stop_alpha``)
+            stopped scoring the plan: ``batches`` scored, ``of`` the split's, the drop's lower confidence bound
+            ``drop_lower_bound`` there, above the accuracy budget ``budget`` at the level ``alpha``. ``accuracy``,
+            ``reference_accuracy``, ``accuracy_drop`` and ``fidelity`` are then those of the scored batches. None
+            where every batch was scored.
+        score_s: Seconds the plan's outputs took to compute and score (part of ``total_s``).
         build_s: Seconds to rewrite and build.
         build_stages_s: Where ``build_s`` went, stage to seconds, where the backend says (the torch backend's
             ``TorchArtifact.build_stages_s``); empty otherwise.
@@ -67,6 +73,8 @@ class TrialResult:
     reference_accuracy: float | None = None
     accuracy_drop: float | None = None
     fidelity: dict[str, float] = field(default_factory=dict)
+    early_stop: dict[str, Any] | None = None
+    score_s: float = 0.0
     build_s: float = 0.0
     build_stages_s: dict[str, float] = field(default_factory=dict)
     total_s: float = 0.0
@@ -83,6 +91,11 @@ class TrialResult:
     def ok(self) -> bool:
         """The plan built, ran and was scored."""
         return self.status == OK
+
+    @property
+    def stopped_early(self) -> bool:
+        """Scoring stopped before the split's end, the plan being surely over the budget (``early_stop``)."""
+        return self.early_stop is not None
 
     @property
     def shared(self) -> bool:

@@ -7,7 +7,19 @@ import math
 import numpy as np
 import pytest
 
-from autotune.metrics import SNR_CAP_DB, MetricError, cosine, fidelity, score, snr_db, top1, top1_agreement
+from autotune.metrics import (
+    SEQUENTIAL_METRICS,
+    SNR_CAP_DB,
+    MetricError,
+    batch_terms,
+    cosine,
+    drop_of_ratio,
+    fidelity,
+    score,
+    snr_db,
+    top1,
+    top1_agreement,
+)
 
 CUSTOM_CALLS: list[tuple] = []
 
@@ -172,3 +184,24 @@ def test_fidelity_reads_batch_by_batch_what_the_concatenated_outputs_give():
         fidelity(outputs[:2], reference)
     with pytest.raises(MetricError, match="shape"):
         cosine([outputs[0]], [reference[0][:, :2]])
+
+
+@pytest.mark.parametrize("name", SEQUENTIAL_METRICS)
+def test_batch_terms_summed_over_batches_give_the_metrics_drop(name):
+    rng = np.random.default_rng(0)
+    reference = [rng.standard_normal((size, 5)) for size in (4, 4, 3)]  # a short last batch
+    outputs = [r + 0.4 * rng.standard_normal(r.shape) for r in reference]
+    outputs[0][1] = 0.0  # an all-zero sample: cosine 1 by convention
+    labels = [
+        np.where(rng.random(r.shape[0]) < 0.8, r.argmax(axis=1), rng.integers(0, 5, r.shape[0])) for r in reference
+    ]
+    terms = [batch_terms(name, o, r, label) for o, r, label in zip(outputs, reference, labels, strict=True)]
+    ratio = sum(top for top, _ in terms) / sum(bottom for _, bottom in terms)
+    reference_accuracy = score(name, reference, reference, labels)
+    drop = reference_accuracy - score(name, outputs, reference, labels)
+    assert drop > 0.01 and drop_of_ratio(name, ratio, reference_accuracy) == pytest.approx(drop, rel=1e-9)
+
+
+def test_a_custom_metric_has_no_batch_terms():
+    with pytest.raises(MetricError, match="no batch terms"):
+        batch_terms("custom", _a([1.0]), _a([1.0]), None)

@@ -26,6 +26,8 @@ def _measured() -> TrialResult:
         reference_accuracy=0.92,
         accuracy_drop=0.02,
         fidelity={"cosine": 0.999},
+        early_stop={"batches": 16, "of": 64, "drop_lower_bound": 0.015, "budget": 0.01, "alpha": 0.01},
+        score_s=0.4,
         build_s=0.5,
         build_stages_s={"export": 0.2},
         total_s=1.5,

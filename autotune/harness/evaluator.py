@@ -114,11 +114,25 @@ class Evaluator:
             return self._pool.call(kind, payload)
         return self._child.request(kind, payload, self.config.backend.timeout_s)
 
-    def _run(self, plan: Plan, split: str, protocol: Protocol | None) -> TrialResult:
+    def _run(self, plan: Plan, split: str, protocol: Protocol | None, sequential: bool = False) -> TrialResult:
         if self._inline is not None:
-            return self._inline.run(plan, split, protocol)
-        status, data = self._request("trial", (plan.to_dict(), split, protocol.to_dict() if protocol else None))
+            return self._inline.run(plan, split, protocol, sequential)
+        payload = (plan.to_dict(), split, protocol.to_dict() if protocol else None, sequential)
+        status, data = self._request("trial", payload)
         return _result(plan, split, status, data)
+
+    def _stored(self, plan: Plan) -> TrialResult | None:
+        """The store's result of a plan, unless its scoring stopped early at a budget below this run's.
+
+        A trial stopped early (``TrialResult.early_stop``) is over the budget it was tested against: a run with a
+        larger budget (an earlier run's trials imported, a run resumed with another budget) scores the plan afresh,
+        lest a plan that may be a finalist rest on part of the split.
+        """
+        stored = self.store.get(plan.hash)
+        if stored is not None and stored.stopped_early:
+            if stored.early_stop.get("drop_lower_bound", -float("inf")) <= self.config.accuracy_budget:
+                return None
+        return stored
 
     def _commit(self, result: TrialResult) -> None:
         self.store.put(result)
@@ -127,12 +141,16 @@ class Evaluator:
             self.on_result(result)
 
     def evaluate(self, plan: Plan) -> TrialResult:
-        """The plan's result on the evaluation data: from the store, or built, measured and committed."""
-        stored = self.store.get(plan.hash)
+        """The plan's result on the evaluation data: from the store, or built, measured and committed.
+
+        Its scoring stops early where it is surely over the budget (``metric.early_stop_alpha``,
+        :mod:`autotune.harness.sequential`).
+        """
+        stored = self._stored(plan)
         if stored is not None:
             self.cache_hits += 1
             return stored
-        result = self._run(plan, "evaluation", None)
+        result = self._run(plan, "evaluation", None, sequential=True)
         self._commit(result)
         return result
 
@@ -144,6 +162,8 @@ class Evaluator:
     def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
         """Results of several plans: store hits first, then the builds, on every worker, in the order they end.
 
+        Each is scored as ``evaluate`` scores it (stopping early where it is surely over the budget).
+
         Each new result is committed to the store as it lands. Consume the iterator to its end: a build whose
         result is not read is abandoned.
 
@@ -153,7 +173,7 @@ class Evaluator:
         """
         fresh: list[Plan] = []
         for plan in dict((plan.hash, plan) for plan in plans).values():
-            stored = self.store.get(plan.hash)
+            stored = self._stored(plan)
             if stored is not None:
                 self.cache_hits += 1
                 yield stored
@@ -163,7 +183,7 @@ class Evaluator:
             for plan in fresh:
                 yield self.evaluate(plan)
             return
-        requests = [("trial", (plan.to_dict(), "evaluation", None)) for plan in fresh]
+        requests = [("trial", (plan.to_dict(), "evaluation", None, True)) for plan in fresh]
         for index, (status, data) in self._pool.map(requests):
             result = _result(fresh[index], "evaluation", status, data)
             self._commit(result)

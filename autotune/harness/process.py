@@ -54,8 +54,8 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
     """
     try:
         if kind == "trial":
-            plan, split, protocol = payload
-            result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None)
+            plan, split, protocol, *sequential = payload  # the search's trials add True: ``TrialRunner.run``
+            result = runner.run(Plan.from_dict(plan), split, Protocol(**protocol) if protocol else None, *sequential)
             return "result", result.to_dict()
         if kind == "side_by_side":
             plans, split, protocol = payload

@@ -26,9 +26,10 @@ from autotune.harness.prepare import (
     search_space,
     statistics_collector,
 )
+from autotune.harness.sequential import SequentialTest
 from autotune.interference import Sampler
 from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side_by_side
-from autotune.metrics import fidelity, score
+from autotune.metrics import LOG_RATIO_METRICS, SEQUENTIAL_METRICS, batch_terms, drop_of_ratio, fidelity, score
 from autotune.model import factory_module
 from autotune.plan import Plan
 from autotune.quant.layerwise import LayerwiseChoices
@@ -61,8 +62,26 @@ def confirmation_protocol(measure: MeasureConfig, confirm: ConfirmConfig, rounds
 
 
 @dataclass(frozen=True)
+class _Scoring:
+    """Which of a split's batches a plan was scored on: all (``batches`` None), or those scored before a stop."""
+
+    batches: list[int] | None = None
+    early_stop: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class _Scored:
-    """A plan built and scored, waiting to be timed."""
+    """A plan built and scored, waiting to be timed.
+
+    Attributes:
+        plan: The plan.
+        artifact: Its engine.
+        outputs: Its scored output on the batches scored, in split order.
+        accuracy: Its score on them.
+        build_s: Seconds to build it.
+        scored_s: Seconds to build and score it.
+        scoring: The batches scored (None: all) and the sequential test's stop (``TrialResult.early_stop``).
+    """
 
     plan: Plan
     artifact: Any
@@ -70,6 +89,7 @@ class _Scored:
     accuracy: float
     build_s: float
     scored_s: float
+    scoring: _Scoring
 
 
 def _time_alone(
@@ -280,9 +300,59 @@ class TrialRunner:
     def _outputs(self, artifact: Any, data: Dataset) -> list:
         return [self.backend.run(artifact, batch)[self.output_index] for batch in data.batches]
 
-    def _score(self, outputs: list, split: str) -> float:
+    def _score(self, outputs: list, split: str, batches: Sequence[int] | None = None) -> float:
+        """The metric of outputs of ``split``'s batches (all, or those in ``batches``, in split order)."""
         metric = self.config.metric
-        return score(metric.name, outputs, self.reference_outputs[split], self.datasets[split].labels, metric.function)
+        reference, labels = self.reference_outputs[split], self.datasets[split].labels
+        if batches is not None:
+            reference = [reference[index] for index in batches]
+            labels = None if labels is None else [labels[index] for index in batches]
+        return score(metric.name, outputs, reference, labels, metric.function)
+
+    def sequential_test(self, split: str) -> SequentialTest | None:
+        """The sequential test of a search trial on ``split``, or None where every batch is scored.
+
+        None for the confirmation's split, a ``custom`` metric (no batch terms), ``metric.early_stop_alpha`` None,
+        or a split of fewer than ``MIN_SPLIT_BATCHES`` batches.
+        """
+        name = self.config.metric.name
+        if split == CONFIRMATION_SPLIT or name not in SEQUENTIAL_METRICS:
+            return None
+        batches = len(self.datasets[split].batches)
+        return SequentialTest.for_split(batches, self.config.metric.early_stop_alpha, name in LOG_RATIO_METRICS)
+
+    def _scored_outputs(self, artifact: Any, split: str, sequential: bool) -> tuple[list, _Scoring]:
+        """The plan's outputs on ``split``: every batch, or where the sequential test stopped (in split order).
+
+        With the test, the batches run in its seeded shuffled order, so the batches scored at a look are a random
+        sample of the split; a plan the test does not stop is scored on the outputs of every batch in split order,
+        as without it.
+        """
+        data = self.datasets[split]
+        test = self.sequential_test(split) if sequential else None
+        if test is None:
+            return self._outputs(artifact, data), _Scoring()
+        name, budget = self.config.metric.name, self.config.accuracy_budget
+        reference_accuracy = self.reference_accuracy[split]
+
+        def bound_to_drop(ratio: float) -> float:
+            return drop_of_ratio(name, ratio, reference_accuracy)
+
+        outputs: dict[int, Any] = {}
+        numerators, denominators = [], []
+        for index in test.order(self.config.seed):
+            outputs[index] = self.backend.run(artifact, data.batches[index])[self.output_index]
+            labels = data.labels[index] if data.labels is not None else None
+            numerator, denominator = batch_terms(name, outputs[index], self.reference_outputs[split][index], labels)
+            numerators.append(numerator)
+            denominators.append(denominator)
+            bound = test.look(numerators, denominators, bound_to_drop, budget)
+            if bound is not None:
+                scored = sorted(outputs)
+                stop = {"batches": len(scored), "of": test.total_batches, "drop_lower_bound": bound}
+                stop.update(budget=budget, alpha=test.alpha)
+                return [outputs[index] for index in scored], _Scoring(scored, stop)
+        return [outputs[index] for index in range(len(data.batches))], _Scoring()
 
     def build(self, plan: Plan, workdir: Path) -> Any:
         """The backend's engine of a plan, or of the one-liner a reference plan names.
@@ -305,18 +375,36 @@ class TrialRunner:
             raise BuildError(str(error)) from error
         return self.backend.build(plan, quantization, workdir)
 
-    def run(self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None) -> TrialResult:
-        """Builds, scores and times one plan; every failure comes back as a failed result."""
-        return self.run_side_by_side([plan], split, protocol)[0]
+    def run(
+        self, plan: Plan, split: str = "evaluation", protocol: Protocol | None = None, sequential: bool = False
+    ) -> TrialResult:
+        """Builds, scores and times one plan; every failure comes back as a failed result.
+
+        Args:
+            plan: The plan.
+            split: The data it is scored on.
+            protocol: The latency protocol (default the config's ``measure``).
+            sequential: Stop scoring once the plan is surely over the budget (``metric.early_stop_alpha``): for the
+                search's trials only, whose over-budget plans are never finalists.
+        """
+        return self.run_side_by_side([plan], split, protocol, sequential)[0]
 
     def run_side_by_side(
-        self, plans: Sequence[Plan], split: str = "evaluation", protocol: Protocol | None = None
+        self,
+        plans: Sequence[Plan],
+        split: str = "evaluation",
+        protocol: Protocol | None = None,
+        sequential: bool = False,
     ) -> list[TrialResult]:
         """Builds and scores every plan, then times them all against FP32 in the same rounds (``side_by_side``).
 
         Every failure is the failed result of its own plan: a plan that does not build or score is left out of the
         timing, and when timing them together fails, each plan is timed alone, so one bad engine costs no other
         plan its measurement.
+
+        A plan stopped by the sequential test (``sequential``) is timed as any other: the search fits per-layer
+        latency savings on every trial, over the budget or not (``autotune.search.estimate``, ``prior``), and the
+        plans that stop are the ones with the most layers in INT8, whose savings it learns from.
 
         Returns:
             One result per plan, in order.
@@ -326,7 +414,7 @@ class TrialRunner:
         results: list[TrialResult | None] = [None] * len(plans)
         pending: list[tuple[int, _Scored]] = []
         for index, plan in enumerate(plans):
-            outcome = self._build_and_score(plan, split)
+            outcome = self._build_and_score(plan, split, sequential)
             if isinstance(outcome, TrialResult):
                 results[index] = outcome
             else:
@@ -401,6 +489,11 @@ class TrialRunner:
             timing: Seconds its timing took, and its and FP32's back-to-back latency per launch (or Nones).
         """
         seconds, pipelined, reference_back_to_back = timing
+        reference_outputs = self.reference_outputs[split]
+        reference_accuracy = self.reference_accuracy[split]
+        if item.scoring.batches is not None:  # stopped early: FP32 on the same batches
+            reference_outputs = [reference_outputs[index] for index in item.scoring.batches]
+            reference_accuracy = self._score(reference_outputs, split, item.scoring.batches)
         return TrialResult(
             plan=item.plan,
             latency_ms=latency.median_ms,
@@ -410,9 +503,11 @@ class TrialRunner:
             speedup=latency.speedup,
             round_speedups=list(latency.round_speedups),
             accuracy=item.accuracy,
-            reference_accuracy=self.reference_accuracy[split],
-            accuracy_drop=self.reference_accuracy[split] - item.accuracy,
-            fidelity=fidelity(item.outputs, self.reference_outputs[split]),
+            reference_accuracy=reference_accuracy,
+            accuracy_drop=reference_accuracy - item.accuracy,
+            fidelity=fidelity(item.outputs, reference_outputs),
+            early_stop=item.scoring.early_stop,
+            score_s=item.scored_s - item.build_s,
             build_s=item.build_s,
             build_stages_s=dict(getattr(item.artifact, "build_stages_s", None) or {}),
             total_s=item.scored_s + seconds,
@@ -447,8 +542,8 @@ class TrialRunner:
     def _timer(self, artifact: Any, feeds: Any) -> Callable[[], float]:
         return lambda: self.backend.time_run(artifact, feeds)
 
-    def _build_and_score(self, plan: Plan, split: str) -> _Scored | TrialResult:
-        """The plan's engine and accuracy on ``split``, or its failed result."""
+    def _build_and_score(self, plan: Plan, split: str, sequential: bool = False) -> _Scored | TrialResult:
+        """The plan's engine and accuracy on ``split`` (``sequential``: see ``run``), or its failed result."""
         start = time.perf_counter()
         if plan == self.fp32_plan:  # the reference's knobs need not be in the search's space (a config may narrow it)
             problems = []
@@ -461,13 +556,13 @@ class TrialRunner:
         try:
             artifact = self.build(plan, self.config.run_dir)
             build_s = time.perf_counter() - start
-            outputs = self._outputs(artifact, self.datasets[split])
-            accuracy = self._score(outputs, split)
+            outputs, scoring = self._scored_outputs(artifact, split, sequential)
+            accuracy = self._score(outputs, split, scoring.batches)
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
             return TrialResult.failure(
                 plan, f"{type(error).__name__}: {error}", split=split, total_s=time.perf_counter() - start
             )
-        return _Scored(plan, artifact, outputs, accuracy, build_s, time.perf_counter() - start)
+        return _Scored(plan, artifact, outputs, accuracy, build_s, time.perf_counter() - start, scoring)
 
     def _reference_problems(self, plan: Plan) -> list[str]:
         """Why a reference plan is not one of this run's: an unknown one-liner, or other layers or knobs."""
