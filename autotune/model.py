@@ -47,8 +47,9 @@ class Layer:
 
     A layer is one decision of the search, and may cover several nodes (``nodes``): the op, a zero ``Pad`` that
     only it reads (before a Conv or AveragePool) and, for a layer whose INT8 output can stay INT8 (a conv or a
-    weightless layer), the ``Relu`` or ``Clip`` that alone reads its output. Its INT8 output is then the
-    activation's output, so the activation runs inside the integer kernel instead of between two.
+    weightless layer), the activation that alone reads its output (``GraphIndex.output_tail``: a ``Relu``,
+    ``Clip`` or ``HardSwish``, or a SiLU's ``Sigmoid`` and ``Mul``). Its INT8 output is then the activation's
+    output, so the activation runs with the integer kernels instead of being a layer of its own.
 
     Attributes:
         name: The ONNX node name (unique; unnamed nodes get one on load).
@@ -368,7 +369,8 @@ def build_layer_table(
     A weighted op (Conv, ConvTranspose, Gemm, MatMul with a constant weight) is a layer. A weightless op of
     ``autotune.optypes.WEIGHTLESS_OP_TYPES`` is one where every input comes, unchanged, from a layer whose
     output can stay INT8 (a convolution or another such op): an Add joining two INT8 branches, pooling after a
-    convolution. Each layer covers the zero Pad only it reads and the Relu/Clip that alone reads its output.
+    convolution. Each layer covers the zero Pad only it reads and the activation that alone reads its output
+    (a Relu, Clip, HardSwish, or a SiLU's Sigmoid and Mul).
 
     Args:
         model: A model with unique node names and inferred shapes.
@@ -476,8 +478,7 @@ class _TableWalk:
         covered = [self.graph.node[i].name for i in pads if i is not None] + [node.name]
         if node.op_type in INT8_OUTPUT_OP_TYPES:
             self.int8_tensors.add(self.index.unit_output(position))
-            activation = self.index.folded_activation(node.output[0])
-            covered += [self.graph.node[activation].name] if activation is not None else []
+            covered += [self.graph.node[i].name for i in self.index.output_tail(node.output[0])]
         return tuple(covered)
 
 

@@ -50,9 +50,18 @@ INT8_OUTPUT_OP_TYPES: tuple[str, ...] = (*CONV_OP_TYPES, *WEIGHTLESS_OP_TYPES)
 """Layers whose INT8 output a backend may keep INT8 for the next layer (a MatMul or Gemm returns float on ONNX
 Runtime: MatMulIntegerToFloat, QGemm with a float output)."""
 
-FOLDED_ACTIVATIONS: tuple[str, ...] = ("Relu", "Clip")
-"""Activations that fold into the layer before them: the layer's output Q/DQ goes after the activation, whose
-saturation the quantized range then does (ONNX Runtime's QDQ quantizer removes them; its optimizer fuses them)."""
+SATURATING_ACTIVATIONS: tuple[str, ...] = ("Relu", "Clip")
+"""Activations whose saturation a quantized range does: folded into the layer before them, they get no Q/DQ of
+their own, only the layer's output pair after them (ONNX Runtime's QDQ quantizer removes them; its optimizer fuses
+them)."""
+
+FOLDED_ACTIVATIONS: tuple[str, ...] = (*SATURATING_ACTIVATIONS, "HardSwish")
+"""Activations that fold into the layer before them when they alone read its output: the layer's choice decides
+how they run (``autotune.quant.placement`` writes where the Q/DQ pairs go)."""
+
+ACTIVATION_GATES: tuple[str, ...] = ("Sigmoid", "HardSigmoid")
+"""Gates of the gated activations ``Mul(x, Sigmoid(x))`` (SiLU, Swish) and ``Mul(x, HardSigmoid(x))``
+(HardSwish): where ``x`` is a layer's output that only the gate and the Mul read, both fold into the layer."""
 
 VALUE_PRESERVING_OP_TYPES: tuple[str, ...] = (
     "Reshape",

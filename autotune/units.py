@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from autotune.optypes import FOLDED_ACTIVATIONS, VALUE_PRESERVING_OP_TYPES
+from autotune.optypes import ACTIVATION_GATES, FOLDED_ACTIVATIONS, VALUE_PRESERVING_OP_TYPES
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -66,24 +66,37 @@ class GraphIndex:
         readers = self.readers.get(tensor, [])
         return readers[0] if len(readers) == 1 and tensor not in self.outputs else None
 
-    def folded_activation(self, tensor: str) -> int | None:
-        """The Relu or Clip that alone reads ``tensor``: it joins the layer that writes ``tensor``.
+    def output_tail(self, tensor: str) -> tuple[int, ...]:
+        """The activation that alone reads ``tensor``, as its nodes in graph order: it joins the layer writing it.
 
-        Quantizing after it costs nothing (a saturating range does what it does) and keeps the integer kernels
-        back to back; quantizing before it would spend the levels on values it throws away (a ReLU6's input
-        spans [-30, 25] where its output spans [0, 6]).
+        A Relu, Clip or HardSwish that is the only reader of ``tensor``, or a gated activation: ``Mul(x, gate(x))``
+        with a Sigmoid (SiLU) or HardSigmoid (HardSwish) gate, where the gate and the Mul are the only readers of
+        ``tensor`` and the Mul the only reader of the gate (in either input order). Empty where there is none.
+
+        Runtimes run such an activation with its producer (fused into its kernel, or between its Q/DQ pairs), so
+        it is part of that layer's choice rather than a layer of its own; where the layer's quantized output goes
+        then is the lowering's (``autotune.quant.placement.output_pairs``). For a Relu or Clip, quantizing after it
+        costs nothing (a saturating range does what it does), while quantizing before it would spend the levels on
+        values it throws away (a ReLU6's input spans [-30, 25] where its output spans [0, 6]).
         """
         reader = self.sole_reader(tensor)
-        if reader is None:
-            return None
-        node = self.graph.node[reader]
-        return reader if node.op_type in FOLDED_ACTIVATIONS and node.domain in _DEFAULT_DOMAINS else None
+        if reader is not None:
+            node = self.graph.node[reader]
+            return (reader,) if node.op_type in FOLDED_ACTIVATIONS and node.domain in _DEFAULT_DOMAINS else ()
+        readers = self.readers.get(tensor, [])
+        if len(readers) != 2 or tensor in self.outputs:
+            return ()
+        gate, mul = (self.graph.node[i] for i in readers)  # graph order: the Mul reads the gate, so comes after it
+        gated = gate.op_type in ACTIVATION_GATES and list(gate.input) == [tensor] and len(gate.output) == 1
+        gated &= mul.op_type == "Mul" and sorted(mul.input) == sorted([tensor, gate.output[0]])
+        gated &= gate.domain in _DEFAULT_DOMAINS and mul.domain in _DEFAULT_DOMAINS
+        return tuple(readers) if gated and self.sole_reader(gate.output[0]) == readers[1] else ()
 
     def unit_output(self, index: int) -> str:
-        """The tensor a layer at node ``index`` writes: its folded activation's output, or its own."""
+        """The tensor a layer at node ``index`` writes: its output tail's output, or its own."""
         output = self.graph.node[index].output[0]
-        activation = self.folded_activation(output)
-        return output if activation is None else self.graph.node[activation].output[0]
+        tail = self.output_tail(output)
+        return self.graph.node[tail[-1]].output[0] if tail else output
 
     def zero_pad(self, index: int) -> bool:
         """Whether node ``index`` pads with zeros only (mode ``constant``, value 0 or absent)."""

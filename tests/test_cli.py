@@ -94,7 +94,7 @@ def test_the_printed_summary_shows_the_one_liners_beside_fp32_and_the_winner(con
 
 
 def test_inspect_shows_each_layers_nodes_and_why_an_op_stays_fp32(tmp_path, capsys):
-    """A CNN: the conv's ReLU6 is part of its layer, an Add joining two INT8 branches is a layer, a HardSwish is not."""
+    """A CNN: the conv's ReLU6 is part of its layer, an Add joining two INT8 branches is a layer, a Tanh is not."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -114,8 +114,8 @@ def test_inspect_shows_each_layers_nodes_and_why_an_op_stays_fp32(tmp_path, caps
         helper.make_node("Clip", ["conv1", "lo", "hi"], ["relu6"], "relu6"),
         conv("relu6", "conv2"),
         helper.make_node("Add", ["conv2", "relu6"], ["sum"], "add"),
-        helper.make_node("HardSwish", ["sum"], ["hs"], "hardswish"),
-        conv("hs", "conv3"),
+        helper.make_node("Tanh", ["sum"], ["tanh"], "tanh"),
+        conv("tanh", "conv3"),
     ]
     graph = helper.make_graph(
         nodes,
@@ -143,7 +143,7 @@ def test_inspect_shows_each_layers_nodes_and_why_an_op_stays_fp32(tmp_path, caps
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert "Conv+Clip" in out and "4 tunable layers" in out
-    assert "left in FP32 (1):" in out and "HardSwish hardswish: no INT8 kernel" in out
+    assert "left in FP32 (1):" in out and "Tanh tanh: no INT8 kernel" in out
     assert main(["inspect", str(path), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(row["name"], row["unit"]) for row in rows] == [

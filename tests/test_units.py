@@ -36,7 +36,7 @@ def test_a_sole_relu_or_clip_folds_into_the_layer_before_it():
         ],
         [("w", np.ones((2, 2, 1, 1), np.float32)), ("lo", np.float32(0)), ("hi", np.float32(6))],
     )
-    assert index.folded_activation("c") == 1
+    assert index.output_tail("c") == (1,)
     assert index.unit_output(0) == "y"
 
 
@@ -48,7 +48,39 @@ def test_no_fold_when_the_output_has_other_readers_or_is_a_graph_output(outputs)
     else:
         nodes.append(helper.make_node("Identity", ["r"], ["y"], "id"))
     index = _index(nodes, [("w", np.ones((2, 2, 1, 1), np.float32))], outputs)
-    assert index.folded_activation("c") is None
+    assert index.output_tail("c") == ()
+    assert index.unit_output(0) == "c"
+
+
+@pytest.mark.parametrize("gate", ["Sigmoid", "HardSigmoid"])
+@pytest.mark.parametrize("gate_first", [False, True])
+def test_a_gated_activation_folds_in_either_input_order(gate, gate_first):
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], "conv"),
+        helper.make_node(gate, ["c"], ["g"], "gate"),
+        helper.make_node("Mul", ["g", "c"] if gate_first else ["c", "g"], ["y"], "mul"),
+    ]
+    index = _index(nodes, [("w", np.ones((2, 2, 1, 1), np.float32))])
+    assert index.output_tail("c") == (1, 2)
+    assert index.unit_output(0) == "y"
+
+
+@pytest.mark.parametrize("case", ["gate is a graph output", "mul reads another tensor", "the gate is no Sigmoid"])
+def test_a_gated_activation_does_not_fold_when_it_is_not_exactly_x_times_gate_of_x(case):
+    mul_inputs = ["c", "x"] if case == "mul reads another tensor" else ["c", "g"]
+    gate = (
+        helper.make_node("Mul", ["c", "w"], ["g"], "gate")
+        if case == "the gate is no Sigmoid"
+        else helper.make_node("Sigmoid", ["c"], ["g"], "gate")
+    )
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], "conv"),
+        gate,
+        helper.make_node("Mul", mul_inputs, ["y"], "mul"),
+    ]
+    outputs = ("y", "g") if case == "gate is a graph output" else ("y",)
+    index = _index(nodes, [("w", np.ones((2, 2, 1, 1), np.float32))], outputs)
+    assert index.output_tail("c") == ()
     assert index.unit_output(0) == "c"
 
 

@@ -1,7 +1,8 @@
 """Where the Q/DQ pairs of INT8 layers go, so that INT8 stays INT8 from one layer to the next.
 
-A layer's choice decides only its own tensors: the Q/DQ on its output (after the Relu/Clip it folds, and read by
-every reader of that output, as any layer's output is), and the Q/DQ on the inputs it reads. An input is read
+A layer's choice decides only its own tensors: the Q/DQ on its output (with the activation it folds,
+``output_pairs``; read by every reader of that output, as any layer's output is), and the Q/DQ on the inputs it
+reads. An input is read
 
 - as it is, when it already is an INT8 layer's quantized output: quantizing it again on another grid would round
   it twice and put a DequantizeLinear/QuantizeLinear pair between two integer kernels;
@@ -16,7 +17,6 @@ backend then folds into the convolution.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 
 from autotune.model import Layer
-from autotune.optypes import INT8_OUTPUT_OP_TYPES
+from autotune.optypes import INT8_OUTPUT_OP_TYPES, SATURATING_ACTIVATIONS
 from autotune.quant.recipe import QuantRecipe
 from autotune.units import GraphIndex
 
@@ -96,18 +96,60 @@ def quantizes_output(op_type: str, recipe: QuantRecipe) -> bool:
     return recipe.quantize_matmul_output
 
 
-def output_target(index: GraphIndex, output: str, recipe: QuantRecipe) -> tuple[int | None, str]:
-    """Where a layer's output Q/DQ goes.
+GATE_RANGE: tuple[float, float] = (0.0, 1.0)
+"""The quantized range of a gate's output (``autotune.optypes.ACTIVATION_GATES``): a Sigmoid's or HardSigmoid's
+output lies in it whatever the input, so it needs no calibration and no range method can clip it."""
 
-    Returns:
-        ``(activation index, its output)`` when the recipe folds the Relu/Clip that alone reads ``output``,
-        else ``(None, output)``.
+
+@dataclass(frozen=True)
+class OutputPair:
+    """One Q/DQ pair an INT8 layer writes on its output side.
+
+    Attributes:
+        producer: The node that writes ``tensor``: the layer's node or a node of its output tail.
+        tensor: The tensor quantized; every reader of it reads the pair's output.
+        fixed_range: The range the pair takes regardless of calibration (a gate's output), or None: calibrated.
     """
-    if recipe.fold_activation_into_output:
-        activation = index.folded_activation(output)
-        if activation is not None:
-            return activation, index.graph.node[activation].output[0]
-    return None, output
+
+    producer: int
+    tensor: str
+    fixed_range: tuple[float, float] | None = None
+
+
+def output_tail(index: GraphIndex, output: str, recipe: QuantRecipe) -> tuple[int, ...]:
+    """The nodes of the activation a layer's output Q/DQ folds under ``recipe`` (``GraphIndex.output_tail``)."""
+    return index.output_tail(output) if recipe.fold_activation_into_output else ()
+
+
+def output_pairs(index: GraphIndex, output: str, recipe: QuantRecipe) -> tuple[OutputPair, ...]:
+    """Where a layer's output Q/DQ pairs go, in graph order; the last is the quantized output its readers take.
+
+    - No folded activation: on the output.
+    - A Relu or Clip: after it only (its saturation is the quantized range's; ONNX Runtime drops it).
+    - A HardSwish: on the output and after the HardSwish: ONNX Runtime fuses a QLinearConv only with its output
+      quantized, and has no integer HardSwish, which then runs in float between a DequantizeLinear and a
+      QuantizeLinear.
+    - A gated activation (SiLU ``Mul(x, Sigmoid(x))``, ``Mul(x, HardSigmoid(x))``): on the output, on the gate's
+      output (over ``GATE_RANGE``) and after the Mul, so ONNX Runtime runs QLinearConv, QLinearSigmoid and
+      QLinearMul back to back: on a Conv-SiLU stack 1.16x faster than a float SiLU between the conv's pair and the
+      Mul's, at the same accuracy (``bench/research/fused_activations.py``, docs/method.md).
+    """
+    tail = output_tail(index, output, recipe)
+    if not tail:
+        return (OutputPair(index.producer[output], output),)
+    nodes = index.graph.node
+    end = OutputPair(tail[-1], nodes[tail[-1]].output[0])
+    if nodes[tail[0]].op_type in SATURATING_ACTIVATIONS:
+        return (end,)
+    own = OutputPair(index.producer[output], output)
+    if len(tail) == 1:
+        return own, end
+    return own, OutputPair(tail[0], nodes[tail[0]].output[0], GATE_RANGE), end
+
+
+def output_target(index: GraphIndex, output: str, recipe: QuantRecipe) -> str:
+    """The quantized tensor a layer writing ``output`` hands its readers: after its folded activation, if any."""
+    return output_pairs(index, output, recipe)[-1].tensor
 
 
 def required_ranges(layers: Sequence[Layer], recipe: QuantRecipe, model: onnx.ModelProto) -> list[str]:
@@ -119,23 +161,15 @@ def required_ranges(layers: Sequence[Layer], recipe: QuantRecipe, model: onnx.Mo
         model: The model the layers come from.
 
     Returns:
-        Tensor names, each once, in layer order: activation inputs, then quantized outputs (or the Relu/Clip
-        outputs they fold into).
+        Tensor names, each once, in layer order: activation inputs, then the tensors of the layer's output pairs
+        (``output_pairs``: its output, or the Relu/Clip output it folds into, and a folded activation's output)
+        but a gate's, whose range is fixed.
     """
     index = GraphIndex(model.graph)
     names: list[str] = []
     for layer in layers:
         names.extend(layer.activation_inputs)
         if quantizes_output(layer.op_type, recipe):
-            names.append(output_target(index, layer.output, recipe)[1])
+            pairs = output_pairs(index, layer.output, recipe)
+            names.extend(pair.tensor for pair in pairs if pair.fixed_range is None)
     return list(dict.fromkeys(names))
-
-
-def consumers(graph: onnx.GraphProto) -> dict[str, list[int]]:
-    """Tensor name to the indices of the nodes that read it (a node reading it twice counts once)."""
-    readers: dict[str, list[int]] = defaultdict(list)
-    for position, node in enumerate(graph.node):
-        for name in dict.fromkeys(node.input):
-            if name:
-                readers[name].append(position)
-    return readers

@@ -21,7 +21,7 @@ from onnx import helper
 
 from autotune.model import Layer
 from autotune.quant.recipe import QuantRecipe
-from autotune.quant.rewrite import _consumers, _output_target, _quantizes_output
+from autotune.quant.rewrite import _output_tail, _quantizes_output
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class Cut:
     """Where one layer's quantization error enters the rest of the model.
 
     Attributes:
-        target: The tensor the quantized layer changes: its output, or the Relu output its output Q/DQ folds into.
-        nodes: The layer's node (and that Relu): what a probe runs.
+        target: The tensor the quantized layer changes: its output, or the output of the activation it folds.
+        nodes: The layer's node (and that activation's): what a probe runs.
         inputs: Tensors the probe reads that are not initializers (the FP32 activations it is fed).
         downstream: The nodes between ``target`` and the scored output, in graph order; empty when ``target``
             is the scored output or does not reach it.
@@ -94,9 +94,8 @@ def find_cut(model: onnx.ModelProto, layer: Layer, recipe: QuantRecipe, output: 
     own = [index]
     target = layer.output
     if _quantizes_output(layer.op_type, recipe):
-        relu, target = _output_target(graph, _consumers(graph), layer.output, recipe)
-        if relu is not None:
-            own.append(relu)
+        tail, target = _output_tail(graph, layer.output, recipe)
+        own.extend(tail)
     nodes = [graph.node[i] for i in own]
     # A folded Clip reads its bounds too (from Constant nodes in PyTorch's legacy export): the probe is fed them.
     inside = {name for node in nodes for name in node.output}

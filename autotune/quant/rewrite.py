@@ -31,7 +31,8 @@ from autotune.quant.basetype import BASE_PRECISION_KNOB, BASE_TYPES, base_precis
 from autotune.quant.graphedit import GraphEditor, RewriteError, ensure_opset
 from autotune.quant.placement import (
     Grid,
-    consumers,
+    output_pairs,
+    output_tail,
     output_target,
     place_input,
     quantizes_output,
@@ -72,15 +73,13 @@ def _pooled(node: onnx.NodeProto, layer: Layer) -> int:
 
 
 # The names the layerwise probes (autotune/quant/probe.py) import from here.
-_consumers = consumers
 _quantizes_output = quantizes_output
 
 
-def _output_target(
-    graph: onnx.GraphProto, readers: Mapping[str, list[int]], output: str, recipe: QuantRecipe
-) -> tuple[int | None, str]:
-    """``placement.output_target`` on a graph (``readers`` is unused: the graph index has them)."""
-    return output_target(GraphIndex(graph), output, recipe)
+def _output_tail(graph: onnx.GraphProto, output: str, recipe: QuantRecipe) -> tuple[tuple[int, ...], str]:
+    """The nodes of the activation a layer's output Q/DQ folds, and the quantized tensor its readers take."""
+    index = GraphIndex(graph)
+    return output_tail(index, output, recipe), output_target(index, output, recipe)
 
 
 def _min_opset(precision: str, op_type: str) -> int:
@@ -149,10 +148,16 @@ class _Rewriter(GraphEditor):
         return float(lo), float(hi)
 
     def grid(
-        self, tensor: str, layer: Layer, tag: str, fp8: bool = False, bounds: tuple[float, float] | None = None
+        self,
+        tensor: str,
+        layer: Layer,
+        tag: str,
+        fp8: bool = False,
+        bounds: tuple[float, float] | None = None,
+        fixed: tuple[float, float] | None = None,
     ) -> Grid:
-        """New scale and zero-point initializers for ``tensor`` from the layer's calibrated range."""
-        lo, hi = self.range_of(tensor, layer)
+        """New scale and zero-point initializers for ``tensor`` from the layer's calibrated range (or ``fixed``)."""
+        lo, hi = fixed if fixed is not None else self.range_of(tensor, layer)
         if fp8:
             scale = in_scale_type(fp8_activation_scale(lo, hi), self.scale_type)
             zero: np.ndarray = np.array(0, dtype=ml_dtypes.float8_e4m3fn)
@@ -293,16 +298,21 @@ class _Rewriter(GraphEditor):
             )
 
     def output_qdq(self, index: int, layer: Layer, input_scale: np.float32 | None = None) -> None:
-        """Puts a Q/DQ pair on the layer output, after the Relu/Clip it folds (per recipe); readers share it."""
-        activation, tensor = output_target(self.index, layer.output, self.recipe)
-        producer = index if activation is None else activation
+        """Puts Q/DQ pairs on the layer output and in the activation it folds (``output_pairs``); readers share them.
+
+        The last pair's tensor is the quantized output the next INT8 layers read as it is.
+        """
         bounds = None
         if layer.op_type in _POOLING and input_scale is not None:
             bounds = pooling_scale_bounds(input_scale, _pooled(self.graph.node[index], layer))
-        grid = self.grid(tensor, layer, f"{layer.name}__out", bounds=bounds)
-        src = self.rename_output(producer, tensor, "preq")
-        self.qdq(self.after[producer], src, tensor, grid.scale_name, grid.zero_name, f"{layer.name}__out")
-        self.quantized[tensor] = grid
+        pairs = output_pairs(self.index, layer.output, self.recipe)
+        for number, pair in enumerate(pairs):
+            tag = f"{layer.name}__out" if number == 0 else f"{layer.name}__out{number}"
+            grid = self.grid(pair.tensor, layer, tag, bounds=bounds if number == 0 else None, fixed=pair.fixed_range)
+            src = self.rename_output(pair.producer, pair.tensor, "preq")
+            self.qdq(self.after[pair.producer], src, pair.tensor, grid.scale_name, grid.zero_name, tag)
+            if pair is pairs[-1]:
+                self.quantized[pair.tensor] = grid
 
     # ----- precisions -------------------------------------------------------------------------------------
 

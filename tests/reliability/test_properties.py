@@ -99,9 +99,11 @@ class _Builder:
         if op == "Residual":  # conv -> ReLU6 -> depthwise conv, added to the first conv's output
             first = self.conv(x)
             return self.add("Add", [self.conv(self.image_op("Clip", first), group=c), first], shape)
-        if op == "Swish":
+        if op == "Swish":  # SiLU or Mul(HardSigmoid(x), x), part of the conv's layer (the HardSwish op needs opset 14)
             first = self.conv(x)
-            return self.add("Mul", [first, self.add("Sigmoid", [first], shape)], shape)
+            form = self.draw(st.sampled_from(["Sigmoid", "HardSigmoid"]))
+            gate = self.add(form, [first], shape)
+            return self.add("Mul", [gate, first] if form == "HardSigmoid" else [first, gate], shape)
         if op == "Branches":
             return self.add("Concat", [self.conv(x), self.conv(x)], [n, 2 * c, h, w], axis=1)
         if op == "Clip":
