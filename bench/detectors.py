@@ -405,8 +405,8 @@ std 0.5). Each split has its own seed, so no view is in two splits.""",
 ({MEASURED_ON}).""",
     budget=0.09,
     reference="ort-static",
-    cost="""FP32 runs a batch in about 0.2 s on 2 cores; a trial (build, 8 batches, the latency protocol) takes
-about 10-20 s. The layerwise calibration (once per model and data, cached in .cache/autotune) took 81 s.""",
+    cost="""On the shared VM, FP32 ran a batch in 70-230 ms and a trial (build, 8 batches, the latency protocol) took
+about 15 s; the layerwise calibration, once per model and data (cached in .cache/autotune), took 32-141 s.""",
 )
 YOLO_NOTES = Notes(
     title="A YOLOv8n-shaped detector (random weights, BatchNorm settled on photographs), 2 x 3 x 320 x 320.",
@@ -422,8 +422,8 @@ SiLU written as Sigmoid and Mul. 186 tunable layers: 63 Convs, 57 Sigmoids, 57 M
 ({MEASURED_ON}).""",
     budget=0.08,
     reference="ort-static",
-    cost="""FP32 runs a batch in about 0.1 s on 2 cores; a trial (build, 8 batches, the latency protocol) takes
-about 5-15 s. The layerwise calibration (once per model and data, cached in .cache/autotune) took 207 s.""",
+    cost="""On the shared VM, FP32 ran a batch in 25-125 ms and a trial (build, 8 batches, the latency protocol) took
+1-6 s; the layerwise calibration, once per model and data (cached in .cache/autotune), took 55-207 s.""",
 )
 LSTM_NOTES = Notes(
     title="bench/lstm_encoder.py's 3-layer LSTM speaker encoder (random weights), batch 8 x 100 frames x 40.",
@@ -434,11 +434,13 @@ embedding; in INT8 the LSTMs lower to DynamicQuantizeLSTM, what ONNX Runtime's q
     metric="mean cosine of the embeddings to FP32's",
     budget_note=f"""A little above the drop of the one-liner a user would compare with, so that it is within the budget
 and the winner has to match it: `autotune evaluate THIS_FILE --plan ort-dynamic --plan int8` measured ort-dynamic
-(quantize_dynamic) at a drop of 6.0e-6 (3.73x FP32) and our all-INT8 plan at 6.6e-6 (2.81x) on the evaluation split
-({MEASURED_ON}). ort-static fails on this graph (quantize_static raises a TypeError).""",
+(quantize_dynamic) at a drop of 6.0e-6 (2.93x FP32) and our all-INT8 plan at 6.6e-6 (2.92x) on the evaluation split
+({MEASURED_ON}).
+ort-static fails on this graph (quantize_static raises a TypeError), so it is no reference here.""",
     budget=1.0e-5,
     reference="ort-dynamic",
-    cost="""FP32 runs a batch in about 50 ms on 2 cores; a trial takes a few seconds; calibration 2 s.""",
+    cost="""On the shared VM, FP32 ran a batch in 22-49 ms, a trial took 8-23 s (most of it waiting for quiet
+rounds) and the layerwise calibration 2-3 s.""",
 )
 
 
