@@ -50,8 +50,8 @@ class Protocol:
         busy_patience_s: Wall seconds a measurement that reached its round limit without enough quiet rounds, and
             saw its threads wait for a core, may spend past that limit: off the cores (a random back-off of up to
             ``BACK_OFF_S`` at a time, so two runs that time at once fall out of step) and timing up to
-            ``round_limit`` rounds more after each; then it times each runner by its fastest runs and says the
-            machine was too busy. The rounds count against it too: a model whose rounds take seconds on a busy
+            ``round_limit`` rounds more after each, stopping at the round in which the patience runs out; then it
+            times each runner by its fastest runs and says the machine was too busy. The rounds count against it too: a model whose rounds take seconds on a busy
             machine would otherwise time six times its limit.
         min_sample_ms: A timed sample lasts at least this long: a runner faster than that runs several times back
             to back per sample, the count set from its fastest runs (as ``timeit`` autoranges), and the sample is
@@ -317,6 +317,8 @@ def _rounds(
         own = shares.settled(now, len(readings)) if counted is not None and counted[1] else True
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
             counted = None if own is None or len(readings) < limit else ([], False)
+        if counted is None and limit > protocol.round_limit and waited_out_s >= protocol.busy_patience_s:
+            counted = ([], False)  # the patience ran out in the rounds after a back-off: stop there, not at the limit
         if counted is None:
             continue
         contended = not all(clear)

@@ -443,9 +443,10 @@ def test_a_machine_busy_in_every_round_is_said_to_be_too_busy():
     sampler = ScriptedSampler(lambda k: 0.6)
     protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=5, busy_patience_s=5.0)
     latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
-    # It stepped off the cores until its 5 s of patience were spent, each time timing 5 rounds more, in vain.
+    # It stepped off the cores until its 5 s of patience were spent, each time timing 5 rounds more, in vain, and
+    # one round after the back-off that spent the patience (not 5: the limit would make a slow model overrun).
     assert sampler.backed_off == [2.0, 2.0, 2.0]
-    assert latency.busy.rounds == 20 and latency.busy.contended == 20 and not latency.busy.quiet
+    assert latency.busy.rounds == 16 and latency.busy.contended == 16 and not latency.busy.quiet
     assert "too busy to measure" in latency.busy.describe()
 
 
@@ -473,7 +474,8 @@ def test_rounds_that_take_seconds_spend_the_patience_as_the_back_offs_do():
     from autotune.measure import ReferencePace
 
     # A model whose rounds take 3 s on a busy machine: past the limit of 2 rounds it backs off once (2 s), times
-    # two rounds more (6 s), and its 5 s of patience are spent; counting the back-offs alone, it timed 8 rounds.
+    # one round more (3 s), and its 5 s of patience are spent: it stops there, not at the next limit (4 rounds);
+    # counting the back-offs alone, it timed 8 rounds.
     now = [0.0]
 
     def reference() -> float:
@@ -484,7 +486,7 @@ def test_rounds_that_take_seconds_spend_the_patience_as_the_back_offs_do():
     protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=2, busy_patience_s=5.0)
     pace = ReferencePace(clock=lambda: now[0])
     latency = interleaved(lambda: 1.0, reference, protocol, self_timed=True, pace=pace, sampler=sampler)
-    assert sampler.backed_off == [2.0] and latency.busy.rounds == 4 and not latency.busy.quiet
+    assert sampler.backed_off == [2.0] and latency.busy.rounds == 3 and not latency.busy.quiet
 
 
 def test_a_measurement_that_backed_off_counts_the_quiet_rounds_after_it():
@@ -501,7 +503,8 @@ def test_a_measurement_that_backed_off_counts_the_quiet_rounds_after_it():
 
 def test_where_no_round_is_quiet_each_runner_is_timed_by_its_own_fastest_runs():
     # Every round contended; a busy process shares a core with the reference's threads for the first ten rounds and
-    # with the candidate's for the next ten (the scheduler keeps a thread where it put it). No round has both fast.
+    # with the candidate's after that (the scheduler keeps a thread where it put it). No round has both fast. Its
+    # 6 s of patience end one round after the third back-off: 16 rounds.
     rounds = {"n": 0}
 
     def reference() -> float:
@@ -514,7 +517,7 @@ def test_where_no_round_is_quiet_each_runner_is_timed_by_its_own_fastest_runs():
     sampler = ScriptedSampler(lambda k: 0.6)
     protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=5, busy_patience_s=6.0)
     latency = interleaved(candidate, reference, protocol, self_timed=True, sampler=sampler)
-    assert latency.busy.rounds == 20 and not latency.busy.quiet
+    assert latency.busy.rounds == 16 and not latency.busy.quiet
     assert latency.speedup == pytest.approx(1.0) and latency.round_speedups == pytest.approx((1.0, 1.0, 1.0))
     assert latency.median_ms == pytest.approx(2.0) and latency.reference_median_ms == pytest.approx(2.0)
 
