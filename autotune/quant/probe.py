@@ -6,12 +6,14 @@ The first part is the same for every candidate: one FP32 run of the whole model 
 tensors as extra outputs) serves them all. A *probe* runs every candidate of one layer on those cached inputs in
 one session, and the layer's *downstream* model turns each candidate's output into the model output; both are
 plain ONNX Runtime sessions, so the numbers are those of the rewritten whole model
-(``autotune/quant/layerwise.py`` measures with them).
+(``autotune/quant/layerwise.py`` measures with them). :func:`race` decides which candidate runs which batch: every
+candidate one, the leading one until its error is settled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +22,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from autotune.model import Layer
+from autotune.plan import Plan
+from autotune.quant.calibrate import session_with_outputs
 from autotune.quant.recipe import QuantRecipe
-from autotune.quant.rewrite import _consumers, _output_target, _quantizes_output
+from autotune.quant.rewrite import _consumers, _output_target, _quantizes_output, rewrite
 
 
 @dataclass(frozen=True)
@@ -275,3 +279,163 @@ def session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+TOLERANCE = 0.05
+"""The leading candidate runs more batches until the standard error of its noise-to-signal ratio, over the samples
+(rows of the scored output) it ran, is within this share of the ratio."""
+
+
+@dataclass(frozen=True)
+class Fp32Run:
+    """What one FP32 run over the calibration data left for the per-layer probes.
+
+    Attributes:
+        output: The name of the scored model output.
+        reference: The scored output per batch.
+        values: Per batch, every tensor a layer or the model after it reads.
+        channels: Per smoothable input tensor, its per-channel ``(min, max)``.
+    """
+
+    output: str
+    reference: Sequence[np.ndarray]
+    values: Sequence[Mapping[str, np.ndarray]]
+    channels: dict[str, tuple[list[float], list[float]]]
+
+
+def fp32_pass(
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    channel_tensors: Sequence[str],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    output_index: int,
+) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]], dict[str, tuple[list[float], list[float]]]]:
+    """One FP32 run over the data: the scored output and ``tensors`` per batch, and per-channel ranges.
+
+    Returns:
+        The scored output per batch; per batch, the value of every tensor in ``tensors`` (graph inputs straight
+        from the batch); per tensor of ``channel_tensors``, its per-channel (last axis) min and max.
+    """
+    fed = {value.name for value in model.graph.input}
+    extra = [name for name in dict.fromkeys((*tensors, *channel_tensors)) if name not in fed]
+    session = session_with_outputs(model, extra)
+    names = [output.name for output in session.get_outputs()]
+    required = [value.name for value in session.get_inputs()]
+    outputs, values, lows, highs = [], [], {}, {}
+    for batch in batches:
+        run = dict(zip(names, session.run(None, {name: batch[name] for name in required}), strict=True))
+        outputs.append(run[names[output_index]])
+        run.update({name: np.asarray(batch[name]) for name in fed if name in batch})
+        values.append({name: run[name] for name in tensors})
+        for tensor in channel_tensors:
+            flat = run[tensor].reshape(-1, run[tensor].shape[-1])
+            lows[tensor] = np.minimum(lows.get(tensor, np.inf), flat.min(axis=0))
+            highs[tensor] = np.maximum(highs.get(tensor, -np.inf), flat.max(axis=0))
+    return outputs, values, {t: (lows[t].tolist(), highs[t].tolist()) for t in channel_tensors}
+
+
+def candidate_outputs(
+    model: onnx.ModelProto,
+    layer: Layer,
+    cut: Cut,
+    recipe: QuantRecipe,
+    candidates: Sequence[tuple[Mapping[str, tuple[float, float]], np.ndarray | None]],
+    fp32: Fp32Run,
+) -> tuple[Callable[[int], list[np.ndarray]], ort.InferenceSession | None]:
+    """Every candidate's version of the layer's target tensor per batch (run when first asked), and the downstream.
+
+    The target tensor is the only value that differs from FP32, so one probe session computes it for all the
+    candidates side by side; the downstream session (None where the target is the scored output) turns it into
+    the model output.
+    """
+    examples = {name: [batch[name] for batch in fp32.values] for name in cut.fetched}
+    single = single_layer_model(model, cut, examples)
+    plan = Plan.make({layer.name: "int8"})
+    typed = [
+        rewrite(single, [layer], plan, ranges, recipe, smoothing=None if factors is None else {layer.name: factors})
+        for ranges, factors in candidates
+    ]
+    probes = session(side_by_side(typed, cut))
+    outputs: dict[int, list[np.ndarray]] = {}
+
+    def changed(batch: int) -> list[np.ndarray]:
+        if batch not in outputs:
+            outputs[batch] = probes.run(None, {name: fp32.values[batch][name] for name in cut.inputs})
+        return outputs[batch]
+
+    downstream = None
+    if cut.downstream:
+        # The downstream model declares the target's shape: one batch per distinct input shape shows it.
+        by_shape = {tuple(np.shape(values[name]) for name in cut.inputs): i for i, values in enumerate(fp32.values)}
+        examples[cut.target] = [changed(i)[0] for i in sorted(by_shape.values())]
+        examples[fp32.output] = list(fp32.reference)
+        downstream = session(downstream_model(model, cut, fp32.output, examples))
+    return changed, downstream
+
+
+def spread_order(count: int) -> list[int]:
+    """``range(count)`` in van der Corput order (0, 4, 2, 6, 1, ... of 8): every prefix spreads over the data."""
+
+    def radical_inverse(index: int) -> float:
+        value, weight = 0.0, 0.5
+        while index:
+            value += weight * (index & 1)
+            index >>= 1
+            weight /= 2
+        return value
+
+    return sorted(range(count), key=radical_inverse)
+
+
+def race(
+    count: int,
+    noise_of: Callable[[int, int], np.ndarray | float],
+    signals: Sequence[np.ndarray | float],
+    floor: int,
+    exhaustive: bool,
+) -> list[float]:
+    """Each candidate's total noise over the batches, extrapolated from the batches it ran at its noise-to-signal.
+
+    Batches run in :func:`spread_order`. Every candidate runs the first; then the candidate with the smallest
+    noise-to-signal so far (the leader) runs the next batch, until the leader has run at least ``floor`` batches
+    and the standard error of its ratio, over the samples (rows) it ran, is within :data:`TOLERANCE` of the ratio,
+    or it has run them all. A candidate overtaken on its first batch stays at that estimate, above the leader's.
+
+    Args:
+        count: How many candidates.
+        noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``, per sample (row) of the batch.
+        signals: The FP32 output power per batch, per sample (row).
+        floor: The fewest batches the leader runs.
+        exhaustive: Run every candidate on every batch (every total exact).
+    """
+    order = spread_order(len(signals))
+    power = [np.atleast_1d(np.asarray(signal, np.float64)) for signal in signals]
+    noise = [[np.atleast_1d(noise_of(i, order[0]))] for i in range(count)]
+
+    def ratio(i: int) -> float:
+        return sum(float(n.sum()) for n in noise[i]) / max(
+            sum(float(power[b].sum()) for b in order[: len(noise[i])]), 1e-30
+        )
+
+    def settled(i: int) -> bool:
+        runs = len(noise[i])
+        if runs == len(signals):
+            return True
+        if exhaustive or runs < floor:
+            return False
+        rows = np.concatenate(noise[i])
+        row_power = np.concatenate([power[b] for b in order[:runs]])
+        if len(rows) < 2:
+            return False
+        # The ratio estimator's standard error: the rows' residuals from the ratio, over their mean power.
+        residuals = rows - ratio(i) * row_power
+        spread = math.sqrt(float(np.square(residuals).sum()) / (len(rows) * (len(rows) - 1)))
+        return spread <= TOLERANCE * ratio(i) * float(row_power.mean())
+
+    pending = [i for i in range(count) if not settled(i)] if exhaustive else []
+    for i in pending:
+        noise[i].extend(np.atleast_1d(noise_of(i, b)) for b in order[1:])
+    while not settled(leader := min(range(count), key=ratio)):
+        noise[leader].append(np.atleast_1d(noise_of(leader, order[len(noise[leader])])))
+    total = sum(float(p.sum()) for p in power)
+    return [ratio(i) * total for i in range(count)]
