@@ -21,14 +21,12 @@ session per layer runs all its candidates side by side on those tensors, and onl
 downstream of the layer runs per candidate and batch (``autotune/quant/probe.py``), with the same kernels and so
 the same numbers as the whole rewritten model.
 
-Those downstream runs are the cost, and a layer needs few of them: every candidate runs one batch, and only the
-leader (the smallest noise-to-signal so far) runs more, until the standard error of its ratio over the samples
-(rows of the output) it ran is within 5 % of the ratio (``probe.race``; and at least as many batches as hold 64 MB
-of cached activations: all of them on small models and data, whose errors are then exact). On a YOLO-like detector (176
-layers, 8 batches of 2 images) that is about four downstream runs per layer, and the choices are those of scoring
-every candidate on all the data (``exhaustive``) but between candidates within 1 % of each other. A run with
-``budget.minutes`` gives the choice a quarter of them (``allowance_s``); the layers not reached by then take the
-method chosen most often, the log says how many, and the next run on the same cache measures them.
+A candidate stops early once it is clearly beaten (``probe.MARGIN``).
+
+A run with ``budget.minutes`` gives the choice a quarter of them (``allowance_s``, from
+``autotune.harness.deadline.LAYERWISE_SHARE``): the layers not reached by then take the range method chosen most
+often, the log says how many were chosen and how many defaulted, and the next run on the same cache measures
+them.
 """
 
 from __future__ import annotations
@@ -72,10 +70,6 @@ SMOOTHING = {"smooth-0.5": 0.5, "smooth-0.75": 0.75}
 """SmoothQuant candidates by name: the migration strength ``a`` (0: all on the weight side, 1: all removed)."""
 
 _CACHE_FORMAT = 4
-
-_SAMPLE_MB = 64.0
-"""The leading candidate runs at least as many batches as hold this many MB of cached FP32 activations: on small
-models and data every batch, so its error is exact; one batch of a detector holds more."""
 
 
 class LayerProbe(Protocol):
@@ -143,9 +137,9 @@ class LayerwiseChoices:
     Attributes:
         methods: Layer name to its candidate: a range method, or a key of :data:`SMOOTHING` (max ranges of the
             smoothed input).
-        errors: Layer name to ``{candidate: output error}`` (noise-to-signal power of the model output), each
-            from the batches its candidate ran (``probe.race``): exact where that was all of them; the chosen
-            candidate's within about ``probe.TOLERANCE`` of the all-data value, every other one above it.
+        errors: Layer name to ``{candidate: output error}`` (noise-to-signal power of the model output): exact
+            for the chosen candidate and every one measured on all the data; a candidate that stopped early
+            holds the estimate from the batches it ran, which is above the chosen one's (``probe.race``).
         channel_ranges: Per smoothable input tensor, the per-channel ``(min, max)`` over the calibration data.
         defaulted: The layers not measured before the allowance ran out (``LayerwiseOptions.allowance_s``): they
             take the method chosen most often among the measured ones, and have no errors.
@@ -248,35 +242,28 @@ def _layer_errors(
     recipe: QuantRecipe,
     candidates: Sequence[_Candidate],
     fp32: probe.Fp32Run,
-    floor: int,
     exhaustive: bool = False,
 ) -> list[float]:
-    """The model-output noise-to-signal power of each candidate, from the batches ``probe.race`` ran it on.
+    """The model-output noise-to-signal power of each candidate (an estimate for a clear loser, ``probe.race``).
 
     Only the layer differs between the single-layer INT8 model and FP32, so the model output is the downstream
     part of the model applied to the layer's quantized output, fed the FP32 values of everything else it reads.
-    ``floor``: the fewest batches the leading candidate runs; ``exhaustive`` runs every candidate on every batch.
+    ``exhaustive`` runs every candidate on every batch.
     """
-    signals = [_row_power(out) for out in fp32.reference]
+    signals = [float(np.square(out, dtype=np.float64).sum()) for out in fp32.reference]
     if not cut.reaches_output:  # the layer cannot move the output: every candidate scores as FP32 does
-        return [_noise_to_signal(0.0, float(sum(signal.sum() for signal in signals)))] * len(candidates)
+        return [_noise_to_signal(0.0, sum(signals))] * len(candidates)
     changed, downstream = probe.candidate_outputs(model, layer, cut, recipe, candidates, fp32)
 
-    def noise_of(candidate: int, batch: int) -> np.ndarray:
-        out = changed(batch)[candidate]
+    def noise_of(candidate: int, batch: int) -> float:
+        out = changed[batch][candidate]
         if downstream is not None:
             feeds = {name: fp32.values[batch][name] for name in cut.downstream_inputs}
             out = downstream.run([fp32.output], {cut.target: out, **feeds})[0]
-        return _row_power(np.asarray(out, np.float64) - fp32.reference[batch])
+        return float(np.square(np.asarray(out, np.float64) - fp32.reference[batch]).sum())
 
-    noise = probe.race(len(candidates), noise_of, signals, floor, exhaustive)
-    return [_noise_to_signal(value, float(sum(signal.sum() for signal in signals))) for value in noise]
-
-
-def _row_power(values: np.ndarray) -> np.ndarray:
-    """The summed squares of each row (first axis: the samples of a batch) of ``values``, in float64."""
-    squares = np.square(np.asarray(values), dtype=np.float64)
-    return squares.reshape(len(squares), -1).sum(axis=1) if squares.ndim else squares.reshape(1)
+    noise = probe.race(len(candidates), noise_of, signals, exhaustive)
+    return [_noise_to_signal(value, sum(signals)) for value in noise]
 
 
 def _probed_errors(
@@ -391,11 +378,11 @@ def choose_layer_methods(
     calibration data: no labels needed, and the evaluation data stays unseen). Runs on ONNX Runtime's CPU (the
     Q/DQ graphs are the same numbers wherever they run) unless a ``layer_probe`` runs it on the backend's device.
     On the CPU, one FP32 run caches what every layer reads; then, per layer, one probe session computes all its
-    candidates and only the model downstream of the layer runs per candidate and batch (see
-    ``autotune/quant/probe.py``): every candidate on one batch, and the leading one on more until its error is
-    settled (``probe.race``). The cached FP32 tensors of all batches stay in memory meanwhile (MiniLM: 130 MB per
-    batch of 8 x 128 tokens). A range method whose ranges for the layer equal an earlier method's is not run
-    again; smoothing candidates count only for MatMuls with a 2-D weight.
+    candidates and only the model downstream of the layer runs per candidate (see ``autotune/quant/probe.py``),
+    skipping the rest of a candidate's batches once it cannot win (``probe.race``). The cached FP32 tensors of all
+    batches stay in memory meanwhile (MiniLM: 130 MB per batch of 8 x 128 tokens). A range method whose ranges for
+    the layer equal an earlier method's is not run again; smoothing candidates count only for MatMuls with a 2-D
+    weight.
 
     Args:
         model: The FP32 model.
@@ -568,20 +555,10 @@ def _measure_layer(
         if option is not None:
             unique.setdefault(*option)
     if settings.layer_probe is None:
-        measured = _layer_errors(
-            model, layer, cut, recipe, list(unique.values()), fp32, _floor(fp32), settings.exhaustive
-        )
+        measured = _layer_errors(model, layer, cut, recipe, list(unique.values()), fp32, settings.exhaustive)
     else:
         measured = _probed_errors(
             settings.layer_probe, layer, cut, list(unique.values()), batches, settings.output_index
         )
     by_key = dict(zip(unique, measured, strict=True))
     return {method: by_key[option[0]] for method, option in options.items() if option}
-
-
-def _floor(fp32: probe.Fp32Run) -> int:
-    """The fewest batches the leading candidate runs: those holding :data:`_SAMPLE_MB` of activations."""
-    if not fp32.values:
-        return 1
-    megabytes = sum(np.asarray(value).nbytes for value in fp32.values[0].values()) / 2**20
-    return max(1, math.ceil(_SAMPLE_MB / max(megabytes, 1e-9)))

@@ -7,7 +7,7 @@ tensors as extra outputs) serves them all. A *probe* runs every candidate of one
 one session, and the layer's *downstream* model turns each candidate's output into the model output; both are
 plain ONNX Runtime sessions, so the numbers are those of the rewritten whole model
 (``autotune/quant/layerwise.py`` measures with them). :func:`race` decides which candidate runs which batch: every
-candidate one, the leading one until its error is settled.
+candidate the first, the best all of them, the others until they clearly lose.
 """
 
 from __future__ import annotations
@@ -281,9 +281,11 @@ def session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-TOLERANCE = 0.05
-"""The leading candidate runs more batches until the standard error of its noise-to-signal ratio, over the samples
-(rows of the scored output) it ran, is within this share of the ratio."""
+MARGIN = 1.25
+"""A candidate whose error, extrapolated from the batches it ran, exceeds the best total by this factor stops.
+Most losing candidates are several times worse than the best, and the batches agree: on MiniLM this cut the
+downstream runs from 424 (with only the exact bound, a noise above the best total) to 339, with the same 36
+choices."""
 
 
 @dataclass(frozen=True)
@@ -341,8 +343,8 @@ def candidate_outputs(
     recipe: QuantRecipe,
     candidates: Sequence[tuple[Mapping[str, tuple[float, float]], np.ndarray | None]],
     fp32: Fp32Run,
-) -> tuple[Callable[[int], list[np.ndarray]], ort.InferenceSession | None]:
-    """Every candidate's version of the layer's target tensor per batch (run when first asked), and the downstream.
+) -> tuple[list[list[np.ndarray]], ort.InferenceSession | None]:
+    """Per batch, every candidate's version of the layer's target tensor, and the session downstream of it.
 
     The target tensor is the only value that differs from FP32, so one probe session computes it for all the
     candidates side by side; the downstream session (None where the target is the scored output) turns it into
@@ -356,86 +358,40 @@ def candidate_outputs(
         for ranges, factors in candidates
     ]
     probes = session(side_by_side(typed, cut))
-    outputs: dict[int, list[np.ndarray]] = {}
-
-    def changed(batch: int) -> list[np.ndarray]:
-        if batch not in outputs:
-            outputs[batch] = probes.run(None, {name: fp32.values[batch][name] for name in cut.inputs})
-        return outputs[batch]
-
+    changed = [probes.run(None, {name: batch[name] for name in cut.inputs}) for batch in fp32.values]
     downstream = None
     if cut.downstream:
-        # The downstream model declares the target's shape: one batch per distinct input shape shows it.
-        by_shape = {tuple(np.shape(values[name]) for name in cut.inputs): i for i, values in enumerate(fp32.values)}
-        examples[cut.target] = [changed(i)[0] for i in sorted(by_shape.values())]
+        examples[cut.target] = [outs[0] for outs in changed]
         examples[fp32.output] = list(fp32.reference)
         downstream = session(downstream_model(model, cut, fp32.output, examples))
     return changed, downstream
 
 
-def spread_order(count: int) -> list[int]:
-    """``range(count)`` in van der Corput order (0, 4, 2, 6, 1, ... of 8): every prefix spreads over the data."""
+def race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[float], exhaustive: bool) -> list[float]:
+    """Each candidate's total noise over the batches, or its extrapolation once it clearly cannot win.
 
-    def radical_inverse(index: int) -> float:
-        value, weight = 0.0, 0.5
-        while index:
-            value += weight * (index & 1)
-            index >>= 1
-            weight /= 2
-        return value
-
-    return sorted(range(count), key=radical_inverse)
-
-
-def race(
-    count: int,
-    noise_of: Callable[[int, int], np.ndarray | float],
-    signals: Sequence[np.ndarray | float],
-    floor: int,
-    exhaustive: bool,
-) -> list[float]:
-    """Each candidate's total noise over the batches, extrapolated from the batches it ran at its noise-to-signal.
-
-    Batches run in :func:`spread_order`. Every candidate runs the first; then the candidate with the smallest
-    noise-to-signal so far (the leader) runs the next batch, until the leader has run at least ``floor`` batches
-    and the standard error of its ratio, over the samples (rows) it ran, is within :data:`TOLERANCE` of the ratio,
-    or it has run them all. A candidate overtaken on its first batch stays at that estimate, above the leader's.
+    Every candidate runs the first batch; the best of them then runs them all, and each other candidate stops once
+    its noise exceeds the best's total (it cannot win) or its noise-to-signal so far exceeds the best's by
+    :data:`MARGIN`; it then holds that estimate, which stays above the best.
 
     Args:
         count: How many candidates.
-        noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``, per sample (row) of the batch.
-        signals: The FP32 output power per batch, per sample (row).
-        floor: The fewest batches the leader runs.
+        noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``.
+        signals: The FP32 output power per batch.
         exhaustive: Run every candidate on every batch (every total exact).
     """
-    order = spread_order(len(signals))
-    power = [np.atleast_1d(np.asarray(signal, np.float64)) for signal in signals]
-    noise = [[np.atleast_1d(noise_of(i, order[0]))] for i in range(count)]
+    noise: list[list[float]] = [[noise_of(i, 0)] for i in range(count)]
 
-    def ratio(i: int) -> float:
-        return sum(float(n.sum()) for n in noise[i]) / max(
-            sum(float(power[b].sum()) for b in order[: len(noise[i])]), 1e-30
-        )
+    def estimate(i: int) -> float:
+        """The total noise of candidate ``i`` at its noise-to-signal ratio so far (exact once complete)."""
+        return sum(noise[i]) * sum(signals) / max(sum(signals[: len(noise[i])]), 1e-30)
 
-    def settled(i: int) -> bool:
-        runs = len(noise[i])
-        if runs == len(signals):
-            return True
-        if exhaustive or runs < floor:
-            return False
-        rows = np.concatenate(noise[i])
-        row_power = np.concatenate([power[b] for b in order[:runs]])
-        if len(rows) < 2:
-            return False
-        # The ratio estimator's standard error: the rows' residuals from the ratio, over their mean power.
-        residuals = rows - ratio(i) * row_power
-        spread = math.sqrt(float(np.square(residuals).sum()) / (len(rows) * (len(rows) - 1)))
-        return spread <= TOLERANCE * ratio(i) * float(row_power.mean())
-
-    pending = [i for i in range(count) if not settled(i)] if exhaustive else []
-    for i in pending:
-        noise[i].extend(np.atleast_1d(noise_of(i, b)) for b in order[1:])
-    while not settled(leader := min(range(count), key=ratio)):
-        noise[leader].append(np.atleast_1d(noise_of(leader, order[len(noise[leader])])))
-    total = sum(float(p.sum()) for p in power)
-    return [ratio(i) * total for i in range(count)]
+    best = math.inf
+    for i in sorted(range(count), key=lambda i: noise[i][0]):  # the likely winner sets the bound
+        while len(noise[i]) < len(signals):
+            if not exhaustive and (sum(noise[i]) > best or estimate(i) > MARGIN * best):
+                break
+            noise[i].append(noise_of(i, len(noise[i])))
+        if len(noise[i]) == len(signals):
+            best = min(best, sum(noise[i]))
+    return [estimate(i) for i in range(count)]

@@ -10,11 +10,21 @@ version's, which is exact for its chosen candidate).
     python bench/research/layerwise_cost.py runs/standins/yolo --batches 8 --rounds 1
 
 ``DIR`` holds ``model.onnx`` and ``calib.npz`` (one array per model input, samples first, cut into batches of the
-input's first dimension), as ``bench/research/detector_standins.py`` writes them.
+input's first dimension), as ``bench/research/detector_standins.py`` writes them; ``--data``/``--start`` read
+another file, e.g. ``bench/detectors.py``'s ``data.npz`` (calibration split: its first 8 samples).
 
-Result (2026-12-06, 2-core AMD EPYC VM shared with four other sessions, load average 5-8; YOLO-like stand-in,
-176 layers, 8 batches of 2 x 3 x 320 x 320, ORT 1.32, revision cefb98c against this one): see the report in the
-commit that added this file; the numbers are printed as one JSON line.
+Results (2026-12-06, 2-core AMD EPYC VM shared with four other sessions, load average 1-11; one round each, old
+first; ORT 1.32), against ``--old cefb98c``:
+
+- c9b0668 (every candidate one batch, the leader until the standard error of its ratio over the images it ran was
+  within 5 %), YOLO-like stand-in (``detector_standins.py yolo``, 176 layers, 8 batches of 2 x 3 x 320 x 320,
+  smooth random images): 150.5 -> 40.8 CPU s (3.7x; 0.86 -> 0.23 s per layer, 0.20 -> 0.055 s per cached MB of
+  740), 175/176 choices the same (the other a tie), chosen errors within 1 %.
+- c9b0668, ``bench/detectors.py``'s YOLO-like detector (186 layers, its calibration split: 4 batches of 2
+  photographs; ``--data .../data.npz --batches 4``): 63.6 -> 69.3 CPU s (0.92x), 166/186 choices the same, one
+  4.7x worse; chosen errors up to 33x off (64 % at the 90th percentile). Withdrawn.
+- This revision (the race of cefb98c, an allowance from ``budget.minutes``), same detector: 80.9 -> 85.6 CPU s
+  (0.95x, within the machine's noise), 186/186 choices and every chosen error the same.
 """
 
 from __future__ import annotations
@@ -63,6 +73,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--data", type=Path, help="the .npz to read (default: DIR/calib.npz)")
+    parser.add_argument("--start", type=int, default=0, help="the first sample of the calibration split")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--old", default="cefb98c", help="the revision to compare with")
     args = parser.parse_args()
@@ -76,7 +88,7 @@ def main() -> None:
     from autotune.quant.rewrite import required_ranges
 
     loaded = prepare_model(onnx.load(args.dir / "model.onnx"), args.dir / "model.onnx", None)
-    arrays = dict(np.load(args.dir / "calib.npz"))
+    arrays = {k: v[args.start :] for k, v in np.load(args.data or args.dir / "calib.npz").items() if k != "labels"}
     first = next(iter(arrays))
     size = int(loaded.inputs[0].shape[0])
     batches = [{k: v[i * size : (i + 1) * size] for k, v in arrays.items()} for i in range(args.batches)]

@@ -542,50 +542,7 @@ def test_the_torch_backend_probes_on_cuda_with_the_cpu_choices(tmp_path):
             assert error == pytest.approx(on_cpu.errors[name][method], rel=1e-2), (name, method)
 
 
-# ---- the bounded race and the time allowance ------------------------------------------------------------------
-
-
-def _many_mlp_batches(count: int = 8) -> list[dict[str, np.ndarray]]:
-    return [batch for seed in range(count) for batch in _mlp_batches(seed=10 + seed)[:1]]
-
-
-def test_the_race_on_a_sample_keeps_the_exhaustive_choices_and_errors_within_its_tolerance(monkeypatch):
-    data = _many_mlp_batches()
-    loaded, calibration = _calibrated(tiny_mlp(), data)
-    args = (loaded.proto, loaded.layers, ORT, calibration, data)
-    runs = _counting_sessions(monkeypatch)
-    exact = choose_layer_methods(*args, progress=False, exhaustive=True)
-    exhaustive_runs, runs[0] = runs[0], 0
-    # As if each batch held a detector's activations: the leader runs 2 batches and more only while unsettled.
-    monkeypatch.setattr(layerwise, "_SAMPLE_MB", 1e-9)
-    sampled = choose_layer_methods(*args, progress=False)
-    assert runs[0] < 0.6 * exhaustive_runs
-    assert sampled.methods == exact.methods
-    for name, method in sampled.methods.items():
-        # The leader's standard error is within _TOLERANCE of its error: three of them bound the deviation.
-        assert sampled.errors[name][method] == pytest.approx(exact.errors[name][method], rel=3 * probe.TOLERANCE)
-        assert all(error >= sampled.errors[name][method] for error in sampled.errors[name].values())
-
-
-def test_the_race_runs_the_leader_until_settled_and_every_other_candidate_once():
-    noise = {0: [2.0] * 8, 1: [1.0, 1.0, 1.0, 1.0, 2.5, 1.0, 1.0, 1.0], 2: [5.0] * 8}
-    ran = []
-
-    def noise_of(candidate, batch):
-        ran.append((candidate, batch))
-        return noise[candidate][batch]
-
-    totals = probe.race(3, noise_of, [1.0] * 8, floor=2, exhaustive=False)
-    assert probe.spread_order(8) == [0, 4, 2, 6, 1, 5, 3, 7]
-    assert [b for c, b in ran if c != 1] == [0, 0]  # the losers ran the first batch only
-    # The leader's ratios 1, 2.5, 1, ... leave a standard error above _TOLERANCE of their mean: it runs them all.
-    assert [b for c, b in ran if c == 1] == [0, 4, 2, 6, 1, 5, 3, 7]
-    assert totals == pytest.approx([16.0, 9.5, 40.0])  # the losers extrapolated from their one batch
-    # A leader whose batches agree settles after ``floor`` of them.
-    ran.clear()
-    noise[1] = [1.0] * 8
-    assert probe.race(3, noise_of, [1.0] * 8, floor=2, exhaustive=False) == pytest.approx([16.0, 8.0, 40.0])
-    assert [b for c, b in ran if c == 1] == [0, 4]
+# ---- the time allowance ----------------------------------------------------------------------------------------
 
 
 def test_the_allowance_defaults_the_layers_it_did_not_reach_and_a_later_call_measures_them(tmp_path, caplog):
