@@ -51,8 +51,8 @@ class Protocol:
             saw its threads wait for a core, may spend past that limit: off the cores (a random back-off of up to
             ``BACK_OFF_S`` at a time, so two runs that time at once fall out of step) and timing up to
             ``round_limit`` rounds more after each, stopping at the round in which the patience runs out; then it
-            times each runner by its fastest runs and says the machine was too busy. The rounds count against it too: a model whose rounds take seconds on a busy
-            machine would otherwise time six times its limit.
+            times each runner by its fastest runs and says the machine was too busy. The rounds count against it
+            too: a model whose rounds take seconds on a busy machine would otherwise time six times its limit.
         min_sample_ms: A timed sample lasts at least this long: a runner faster than that runs several times back
             to back per sample, the count set from its fastest runs (as ``timeit`` autoranges), and the sample is
             their mean; its warm-up runs are whole samples. A sub-millisecond model's single runs are mostly the

@@ -31,6 +31,14 @@ EXPORT_SHARE = 0.6
 """The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""
 UNKNOWN_RESERVE_SHARE = 0.25
 """The share of the budget kept for the confirmation before any trial has said what one costs."""
+LAYERWISE_SHARE = 0.25
+"""The share of the budget the layerwise calibration may take (``LayerwiseOptions.allowance_s``): the layers it has
+not reached by then take the method chosen most often, and the next run on the same cache measures them."""
+
+
+def layerwise_allowance_s(minutes: float | None) -> float | None:
+    """Seconds the layerwise calibration may take in a run of ``budget.minutes``; None without a limit."""
+    return None if minutes is None else LAYERWISE_SHARE * 60.0 * minutes
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, backend_class
-from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig
+from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig, TuneConfig
 from autotune.data import Dataset
+from autotune.harness.deadline import layerwise_allowance_s
 from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
 from autotune.plan import CALIBRATION_KNOB, Plan
 from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, StatisticsCollector, calibrate
@@ -171,7 +172,7 @@ def calibrate_ranges(
 
 
 def choose_layerwise(
-    cache_dir: Path,
+    config: TuneConfig,
     model: LoadedModel,
     backend: Backend,
     space: SearchSpace,
@@ -183,8 +184,8 @@ def choose_layerwise(
     """Per-layer calibration recipes, when the search may use ``layerwise`` calibration; None otherwise.
 
     The candidates' errors are measured with ``recipe``, the INT8 scheme of the plans they serve
-    (``Backend.recipe_for``); None: the backend's default ``recipe``. The candidates' errors are cached under
-    ``cache_dir``.
+    (``Backend.recipe_for``); None: the backend's default ``recipe``. The candidates' errors are cached under the
+    config's ``cache_dir``; with ``budget.minutes``, choosing takes at most ``LAYERWISE_SHARE`` of them.
     """
     offered = next((knob.values for knob in space.knobs if knob.name == CALIBRATION_KNOB), ())
     if LAYERWISE not in offered:
@@ -199,12 +200,13 @@ def choose_layerwise(
             calibration,
             data.batches,
             output_index,
-            cache_dir=cache_dir / "calibration",
+            cache_dir=config.cache_dir / "calibration",
             model_hash=model.hash,
             methods=candidates,
             # The bar shows a person where a first run's minutes go; logs and captured output get the summary line.
             progress=log.isEnabledFor(logging.INFO) and sys.stderr.isatty(),
             layer_probe=backend.layer_probe(),  # the backend's own device where it has one (torch on CUDA)
+            allowance_s=layerwise_allowance_s(config.budget.minutes),
         )
     except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
         raise SetupError(

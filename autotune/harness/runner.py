@@ -282,7 +282,7 @@ class TrialRunner:
     def _choose_layerwise(self, recipe: QuantRecipe | None = None) -> LayerwiseChoices | None:
         """The per-layer calibration recipes measured with ``recipe`` (None: the backend's default scheme)."""
         return choose_layerwise(
-            self.config.cache_dir,
+            self.config,
             self.model,
             self.backend,
             self.space,

@@ -18,10 +18,15 @@ of MiniLM's 36 layers, among them layer 0's FFN down-projection, where the perce
 output leaves an error of 66 % of the layer's output power. It is measured without rewriting or running the
 whole model per candidate: one FP32 run caches every tensor the layers and the parts after them read, one probe
 session per layer runs all its candidates side by side on those tensors, and only the part of the model
-downstream of the layer runs per candidate (``autotune/quant/probe.py``), with the same kernels and so the same
-numbers as the whole rewritten model. A candidate stops early once it is clearly beaten (:data:`_MARGIN`). On
-MiniLM (2 shared cores) this took 37 s and 105 s against 214 s and 437 s for a whole-model run per candidate,
-with the same 36 choices.
+downstream of the layer runs per candidate and batch (``autotune/quant/probe.py``), with the same kernels and so
+the same numbers as the whole rewritten model.
+
+A candidate stops early once it is clearly beaten (``probe.MARGIN``).
+
+A run with ``budget.minutes`` gives the choice a quarter of them (``allowance_s``, from
+``autotune.harness.deadline.LAYERWISE_SHARE``): the layers not reached by then take the range method chosen most
+often, the log says how many were chosen and how many defaulted, and the next run on the same cache measures
+them.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -44,21 +50,16 @@ from tqdm import tqdm
 from autotune.files import atomic_write
 from autotune.metrics import SNR_CAP_DB
 from autotune.model import Layer
-from autotune.plan import Plan
 from autotune.quant import probe
 from autotune.quant.calibrate import (
     METHODS,
     Calibration,
     data_hash,
     read_cache,
-    session_with_outputs,
 )
 from autotune.quant.probe import Cut, find_cut
 from autotune.quant.recipe import QuantRecipe
-from autotune.quant.rewrite import required_ranges, rewrite, smoothable
-
-if TYPE_CHECKING:
-    import onnxruntime as ort
+from autotune.quant.rewrite import required_ranges, smoothable
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +69,7 @@ LAYERWISE = "layerwise"
 SMOOTHING = {"smooth-0.5": 0.5, "smooth-0.75": 0.75}
 """SmoothQuant candidates by name: the migration strength ``a`` (0: all on the weight side, 1: all removed)."""
 
-_CACHE_FORMAT = 3
-
-_MARGIN = 1.25
-"""A candidate whose error, extrapolated from the batches it ran, exceeds the best total by this factor stops.
-Most losing candidates are several times worse than the best, and the batches agree: on MiniLM this cut the
-downstream runs from 424 (with only the exact bound, a noise above the best total) to 339, with the same 36
-choices."""
+_CACHE_FORMAT = 4
 
 
 class LayerProbe(Protocol):
@@ -144,14 +139,17 @@ class LayerwiseChoices:
             smoothed input).
         errors: Layer name to ``{candidate: output error}`` (noise-to-signal power of the model output): exact
             for the chosen candidate and every one measured on all the data; a candidate that stopped early
-            holds the estimate from the batches it ran, which is above the chosen one's.
+            holds the estimate from the batches it ran, which is above the chosen one's (``probe.race``).
         channel_ranges: Per smoothable input tensor, the per-channel ``(min, max)`` over the calibration data.
+        defaulted: The layers not measured before the allowance ran out (``LayerwiseOptions.allowance_s``): they
+            take the method chosen most often among the measured ones, and have no errors.
         seconds: How long choosing took in this process; 0 when the choices came from the cache (not compared).
     """
 
     methods: dict[str, str]
     errors: dict[str, dict[str, float]]
     channel_ranges: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    defaulted: tuple[str, ...] = ()
     seconds: float = field(default=0.0, compare=False)
 
     def smoothing(self, model: onnx.ModelProto, layers: Sequence[Layer]) -> dict[str, np.ndarray]:
@@ -237,75 +235,25 @@ def _candidates(
     return options
 
 
-def _fp32_pass(
-    model: onnx.ModelProto,
-    tensors: Sequence[str],
-    channel_tensors: Sequence[str],
-    batches: Sequence[Mapping[str, np.ndarray]],
-    output_index: int,
-) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]], dict[str, tuple[list[float], list[float]]]]:
-    """One FP32 run over the data: the scored output and ``tensors`` per batch, and per-channel ranges.
-
-    Returns:
-        The scored output per batch; per batch, the value of every tensor in ``tensors`` (graph inputs straight
-        from the batch); per tensor of ``channel_tensors``, its per-channel (last axis) min and max.
-    """
-    fed = {value.name for value in model.graph.input}
-    extra = [name for name in dict.fromkeys((*tensors, *channel_tensors)) if name not in fed]
-    session = session_with_outputs(model, extra)
-    names = [output.name for output in session.get_outputs()]
-    required = [value.name for value in session.get_inputs()]
-    outputs, values, lows, highs = [], [], {}, {}
-    for batch in batches:
-        run = dict(zip(names, session.run(None, {name: batch[name] for name in required}), strict=True))
-        outputs.append(run[names[output_index]])
-        run.update({name: np.asarray(batch[name]) for name in fed if name in batch})
-        values.append({name: run[name] for name in tensors})
-        for tensor in channel_tensors:
-            flat = run[tensor].reshape(-1, run[tensor].shape[-1])
-            lows[tensor] = np.minimum(lows.get(tensor, np.inf), flat.min(axis=0))
-            highs[tensor] = np.maximum(highs.get(tensor, -np.inf), flat.max(axis=0))
-    return outputs, values, {t: (lows[t].tolist(), highs[t].tolist()) for t in channel_tensors}
-
-
-@dataclass(frozen=True)
-class _Fp32Run:
-    """What one FP32 run over the calibration data left for the per-layer probes.
-
-    Attributes:
-        output: The name of the scored model output.
-        reference: The scored output per batch.
-        values: Per batch, every tensor a layer or the model after it reads.
-        channels: Per smoothable input tensor, its per-channel ``(min, max)``.
-    """
-
-    output: str
-    reference: Sequence[np.ndarray]
-    values: Sequence[Mapping[str, np.ndarray]]
-    channels: dict[str, tuple[list[float], list[float]]]
-
-
 def _layer_errors(
     model: onnx.ModelProto,
     layer: Layer,
     cut: Cut,
     recipe: QuantRecipe,
     candidates: Sequence[_Candidate],
-    fp32: _Fp32Run,
+    fp32: probe.Fp32Run,
     exhaustive: bool = False,
 ) -> list[float]:
-    """The model-output noise-to-signal power of each candidate (an estimate for a clear loser).
+    """The model-output noise-to-signal power of each candidate (an estimate for a clear loser, ``probe.race``).
 
     Only the layer differs between the single-layer INT8 model and FP32, so the model output is the downstream
     part of the model applied to the layer's quantized output, fed the FP32 values of everything else it reads.
-    Every candidate runs the first batch; the best of them then runs them all, and each other candidate stops
-    once its noise exceeds the best's total (it cannot win) or its noise-to-signal so far exceeds the best's by
-    :data:`_MARGIN`; it then holds that estimate, which stays above the best. ``exhaustive`` runs everything.
+    ``exhaustive`` runs every candidate on every batch.
     """
     signals = [float(np.square(out, dtype=np.float64).sum()) for out in fp32.reference]
     if not cut.reaches_output:  # the layer cannot move the output: every candidate scores as FP32 does
         return [_noise_to_signal(0.0, sum(signals))] * len(candidates)
-    changed, downstream = _candidate_outputs(model, layer, cut, recipe, candidates, fp32)
+    changed, downstream = probe.candidate_outputs(model, layer, cut, recipe, candidates, fp32)
 
     def noise_of(candidate: int, batch: int) -> float:
         out = changed[batch][candidate]
@@ -314,65 +262,8 @@ def _layer_errors(
             out = downstream.run([fp32.output], {cut.target: out, **feeds})[0]
         return float(np.square(np.asarray(out, np.float64) - fp32.reference[batch]).sum())
 
-    noise = _race(len(candidates), noise_of, signals, exhaustive)
+    noise = probe.race(len(candidates), noise_of, signals, exhaustive)
     return [_noise_to_signal(value, sum(signals)) for value in noise]
-
-
-def _candidate_outputs(
-    model: onnx.ModelProto,
-    layer: Layer,
-    cut: Cut,
-    recipe: QuantRecipe,
-    candidates: Sequence[_Candidate],
-    fp32: _Fp32Run,
-) -> tuple[list[list[np.ndarray]], ort.InferenceSession | None]:
-    """Per batch, every candidate's version of the layer's target tensor, and the session downstream of it.
-
-    The target tensor is the only value that differs from FP32, so one probe session computes it for all the
-    candidates side by side; the downstream session (None where the target is the scored output) turns it into
-    the model output.
-    """
-    examples = {name: [batch[name] for batch in fp32.values] for name in cut.fetched}
-    single = probe.single_layer_model(model, cut, examples)
-    plan = Plan.make({layer.name: "int8"})
-    typed = [
-        rewrite(single, [layer], plan, ranges, recipe, smoothing=None if factors is None else {layer.name: factors})
-        for ranges, factors in candidates
-    ]
-    probes = probe.session(probe.side_by_side(typed, cut))
-    changed = [probes.run(None, {name: batch[name] for name in cut.inputs}) for batch in fp32.values]
-    downstream = None
-    if cut.downstream:
-        examples[cut.target] = [outs[0] for outs in changed]
-        examples[fp32.output] = list(fp32.reference)
-        downstream = probe.session(probe.downstream_model(model, cut, fp32.output, examples))
-    return changed, downstream
-
-
-def _race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[float], exhaustive: bool) -> list[float]:
-    """Each candidate's total noise over the batches, or its extrapolation once it clearly cannot win.
-
-    Args:
-        count: How many candidates.
-        noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``.
-        signals: The FP32 output power per batch.
-        exhaustive: Run every candidate on every batch (every total exact).
-    """
-    noise: list[list[float]] = [[noise_of(i, 0)] for i in range(count)]
-
-    def estimate(i: int) -> float:
-        """The total noise of candidate ``i`` at its noise-to-signal ratio so far (exact once complete)."""
-        return sum(noise[i]) * sum(signals) / max(sum(signals[: len(noise[i])]), 1e-30)
-
-    best = math.inf
-    for i in sorted(range(count), key=lambda i: noise[i][0]):  # the likely winner sets the bound
-        while len(noise[i]) < len(signals):
-            if not exhaustive and (sum(noise[i]) > best or estimate(i) > _MARGIN * best):
-                break
-            noise[i].append(noise_of(i, len(noise[i])))
-        if len(noise[i]) == len(signals):
-            best = min(best, sum(noise[i]))
-    return [estimate(i) for i in range(count)]
 
 
 def _probed_errors(
@@ -428,12 +319,13 @@ def _load(path: Path, layers: Sequence[Layer], methods: Sequence[str]) -> Layerw
         chosen = {str(k): str(v) for k, v in data["methods"].items()}
         errors = {str(k): {str(m): float(e) for m, e in v.items()} for k, v in data["errors"].items()}
         channels = {str(k): (list(map(float, lo)), list(map(float, hi))) for k, (lo, hi) in data["channels"].items()}
+        defaulted = tuple(str(name) for name in data.get("defaulted", []))
         if set(chosen) != {layer.name for layer in layers} or not set(chosen.values()) <= set(methods):
             raise ValueError("cached layers or methods differ from the requested ones")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         logger.warning("ignoring unreadable layerwise calibration cache %s (%s); choosing again", path, error)
         return None
-    return LayerwiseChoices(chosen, errors, channels)
+    return LayerwiseChoices(chosen, errors, channels, defaulted)
 
 
 @dataclass(frozen=True)
@@ -451,6 +343,9 @@ class LayerwiseOptions:
         layer_probe: Runs the single-layer candidates on the backend's device (:class:`LayerProbe`), every
             candidate on every batch; None runs them on ONNX Runtime's CPU. Range methods only: SmoothQuant
             candidates need the ONNX probes.
+        allowance_s: Seconds choosing may take; the layers not reached by then take the method chosen most
+            often (:attr:`LayerwiseChoices.defaulted`), and a later call with the same cache measures them. None:
+            no limit. Not part of the cache key.
     """
 
     output_index: int = 0
@@ -460,6 +355,7 @@ class LayerwiseOptions:
     progress: bool = True
     exhaustive: bool = False
     layer_probe: LayerProbe | None = None
+    allowance_s: float | None = None
 
     def cache_key(self) -> tuple:
         """The options that change the choices (beside the model, data, layers and recipe)."""
@@ -483,9 +379,10 @@ def choose_layer_methods(
     Q/DQ graphs are the same numbers wherever they run) unless a ``layer_probe`` runs it on the backend's device.
     On the CPU, one FP32 run caches what every layer reads; then, per layer, one probe session computes all its
     candidates and only the model downstream of the layer runs per candidate (see ``autotune/quant/probe.py``),
-    skipping the rest of a candidate's batches once it cannot win. The cached FP32 tensors of all batches stay in
-    memory meanwhile (MiniLM: 130 MB per batch of 8 x 128 tokens). A range method whose ranges for the layer equal
-    an earlier method's is not run again; smoothing candidates count only for MatMuls with a 2-D weight.
+    skipping the rest of a candidate's batches once it cannot win (``probe.race``). The cached FP32 tensors of all
+    batches stay in memory meanwhile (MiniLM: 130 MB per batch of 8 x 128 tokens). A range method whose ranges for
+    the layer equal an earlier method's is not run again; smoothing candidates count only for MatMuls with a 2-D
+    weight.
 
     Args:
         model: The FP32 model.
@@ -497,31 +394,75 @@ def choose_layer_methods(
         **options: The other fields of :class:`LayerwiseOptions`, by name.
 
     Returns:
-        The choices, from the cache when one matches; ``seconds`` says how long choosing took.
+        The choices, from the cache when one matches (a cached choice cut short by its allowance measures the
+        layers it defaulted, within this call's allowance); ``seconds`` says how long choosing took.
     """
     start = time.perf_counter()
     settings = LayerwiseOptions(output_index=output_index, **options)
-    path = None
+    if not settings.methods:
+        raise ValueError("layerwise calibration needs at least one candidate method")
+    path, known = None, LayerwiseChoices({}, {})
     if settings.cache_dir is not None:
         key = settings.cache_key()
         path = _cache_path(Path(settings.cache_dir), settings.model_hash, batches, layers, recipe, calibration, key)
         cached = _load(path, layers, settings.methods)
-        if cached is not None:
+        if cached is not None and not cached.defaulted:
             return cached
-    if not settings.methods:
-        raise ValueError("layerwise calibration needs at least one candidate method")
-    errors, channels = _measure_layers(model, layers, recipe, calibration, batches, settings)
-    names = [layer.name for layer in layers]
-    chosen = LayerwiseChoices(
-        choose_methods(names, settings.methods, lambda name, method: errors[name].get(method, math.inf)),
-        errors,
-        channels,
-        seconds=time.perf_counter() - start,
+        known = cached or known  # cut short by an allowance: measure the layers it defaulted
+    todo = [layer for layer in layers if layer.name not in known.errors]
+    deadline = None if settings.allowance_s is None else start + settings.allowance_s
+    errors, channels = _measure_layers(model, todo, recipe, calibration, batches, settings, deadline)
+    chosen = _with_defaults(
+        [layer.name for layer in layers],
+        {**known.errors, **errors},
+        {**known.channel_ranges, **channels},
+        settings.methods,
+        time.perf_counter() - start,
     )
-    logger.info("layerwise calibration: %d layers in %.1f s", len(layers), chosen.seconds)
+    _log_choices(chosen, len(layers), settings.allowance_s)
     if path is not None:
         _save(path, chosen)
     return chosen
+
+
+def _with_defaults(
+    names: Sequence[str],
+    errors: dict[str, dict[str, float]],
+    channels: dict[str, tuple[list[float], list[float]]],
+    methods: Sequence[str],
+    seconds: float,
+) -> LayerwiseChoices:
+    """Every measured layer's least harmful method; the others take the range method chosen most often.
+
+    Ties in the count go to the method listed first; with nothing measured, the first range method.
+    """
+    measured = [name for name in names if name in errors]
+    chosen = choose_methods(measured, methods, lambda name, method: errors[name].get(method, math.inf))
+    range_methods = [method for method in methods if method not in SMOOTHING] or list(methods)
+    counts = Counter(chosen.values())
+    default = max(range_methods, key=lambda method: (counts[method], -range_methods.index(method)))
+    defaulted = tuple(name for name in names if name not in errors)
+    return LayerwiseChoices(
+        {name: chosen.get(name, default) for name in names}, errors, channels, defaulted, seconds=seconds
+    )
+
+
+def _log_choices(chosen: LayerwiseChoices, layers: int, allowance_s: float | None) -> None:
+    """One line: how many layers in how long, and how many defaulted when the allowance ran out."""
+    if not chosen.defaulted:
+        logger.info("layerwise calibration: %d layers in %.1f s", layers, chosen.seconds)
+        return
+    default = chosen.methods[chosen.defaulted[0]]
+    logger.warning(
+        "layerwise calibration: %d layers in %.1f s; its allowance of %.0f s ran out: %d chosen, %d defaulted to "
+        "%r (the method chosen most often); a later run with the same cache measures them",
+        layers,
+        chosen.seconds,
+        allowance_s or 0.0,
+        layers - len(chosen.defaulted),
+        len(chosen.defaulted),
+        default,
+    )
 
 
 def _save(path: Path, chosen: LayerwiseChoices) -> None:
@@ -531,6 +472,7 @@ def _save(path: Path, chosen: LayerwiseChoices) -> None:
         "methods": chosen.methods,
         "errors": chosen.errors,
         "channels": chosen.channel_ranges,
+        "defaulted": list(chosen.defaulted),
     }
     try:
         atomic_write(path, json.dumps(payload))
@@ -551,8 +493,11 @@ def _measure_layers(
     calibration: Calibration,
     batches: Sequence[Mapping[str, np.ndarray]],
     settings: LayerwiseOptions,
+    deadline: float | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, tuple[list[float], list[float]]]]:
-    """Every layer's model-output error per candidate method, and the per-channel ranges smoothing needs.
+    """Per layer reached before ``deadline`` (``perf_counter``), its error per method; and the per-channel ranges.
+
+    The per-channel ranges are those smoothing needs.
 
     Raises:
         ValueError: A ``layer_probe`` was asked to measure SmoothQuant candidates.
@@ -568,33 +513,52 @@ def _measure_layers(
     probe_name = None if settings.layer_probe is None else settings.layer_probe.name
     if probe_name is not None and channel_tensors:
         raise ValueError(f"{probe_name} probes range methods only, not SmoothQuant ({sorted(SMOOTHING)})")
+    errors: dict[str, dict[str, float]] = {}
+    if not layers:
+        return errors, {}
     # The FP32 run counts as one step of the bar: on MiniLM it takes about as long as one early layer.
     with tqdm(total=len(layers) + 1, desc="layerwise calibration", unit="step", disable=not settings.progress) as bar:
         if settings.layer_probe is None:
-            fp32 = _Fp32Run(output, *_fp32_pass(model, fetched, channel_tensors, batches, settings.output_index))
+            fp32 = probe.Fp32Run(
+                output, *probe.fp32_pass(model, fetched, channel_tensors, batches, settings.output_index)
+            )
         else:  # the probe runs its own FP32 model on its device
-            fp32 = _Fp32Run(output, [], [], {})
+            fp32 = probe.Fp32Run(output, [], [], {})
         bar.update()
         by_method = {method: calibration.ranges(method) for method in settings.methods if method not in SMOOTHING}
-        errors: dict[str, dict[str, float]] = {}
         for layer in layers:
+            if deadline is not None and time.perf_counter() > deadline:
+                break
             options = _candidates(
                 model, layer, recipe, calibration, by_method, fp32.channels, settings.methods, smoothable_layers
             )
-            unique: dict[tuple, _Candidate] = {}
-            for option in options.values():
-                if option is not None:
-                    unique.setdefault(*option)
-            if settings.layer_probe is None:
-                measured = _layer_errors(
-                    model, layer, cuts[layer.name], recipe, list(unique.values()), fp32, settings.exhaustive
-                )
-            else:
-                probed = list(unique.values())
-                measured = _probed_errors(
-                    settings.layer_probe, layer, cuts[layer.name], probed, batches, settings.output_index
-                )
-            by_key = dict(zip(unique, measured, strict=True))
-            errors[layer.name] = {method: by_key[option[0]] for method, option in options.items() if option}
+            errors[layer.name] = _measure_layer(
+                layer, cuts[layer.name], options, fp32, (model, recipe), settings, batches
+            )
             bar.update()
     return errors, fp32.channels
+
+
+def _measure_layer(
+    layer: Layer,
+    cut: Cut,
+    options: Mapping[str, tuple[tuple, _Candidate] | None],
+    fp32: probe.Fp32Run,
+    model_and_recipe: tuple[onnx.ModelProto, QuantRecipe],
+    settings: LayerwiseOptions,
+    batches: Sequence[Mapping[str, np.ndarray]],
+) -> dict[str, float]:
+    """One layer's error per candidate method; methods that build the same Q/DQ are measured once."""
+    model, recipe = model_and_recipe
+    unique: dict[tuple, _Candidate] = {}
+    for option in options.values():
+        if option is not None:
+            unique.setdefault(*option)
+    if settings.layer_probe is None:
+        measured = _layer_errors(model, layer, cut, recipe, list(unique.values()), fp32, settings.exhaustive)
+    else:
+        measured = _probed_errors(
+            settings.layer_probe, layer, cut, list(unique.values()), batches, settings.output_index
+        )
+    by_key = dict(zip(unique, measured, strict=True))
+    return {method: by_key[option[0]] for method, option in options.items() if option}

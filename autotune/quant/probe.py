@@ -6,12 +6,14 @@ The first part is the same for every candidate: one FP32 run of the whole model 
 tensors as extra outputs) serves them all. A *probe* runs every candidate of one layer on those cached inputs in
 one session, and the layer's *downstream* model turns each candidate's output into the model output; both are
 plain ONNX Runtime sessions, so the numbers are those of the rewritten whole model
-(``autotune/quant/layerwise.py`` measures with them).
+(``autotune/quant/layerwise.py`` measures with them). :func:`race` decides which candidate runs which batch: every
+candidate the first, the best all of them, the others until they clearly lose.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +22,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from autotune.model import Layer
+from autotune.plan import Plan
+from autotune.quant.calibrate import session_with_outputs
 from autotune.quant.recipe import QuantRecipe
-from autotune.quant.rewrite import _output_tail, _quantizes_output
+from autotune.quant.rewrite import _output_tail, _quantizes_output, rewrite
 
 
 @dataclass(frozen=True)
@@ -274,3 +278,119 @@ def session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+MARGIN = 1.25
+"""A candidate whose error, extrapolated from the batches it ran, exceeds the best total by this factor stops.
+Most losing candidates are several times worse than the best, and the batches agree: on MiniLM this cut the
+downstream runs from 424 (with only the exact bound, a noise above the best total) to 339, with the same 36
+choices."""
+
+
+@dataclass(frozen=True)
+class Fp32Run:
+    """What one FP32 run over the calibration data left for the per-layer probes.
+
+    Attributes:
+        output: The name of the scored model output.
+        reference: The scored output per batch.
+        values: Per batch, every tensor a layer or the model after it reads.
+        channels: Per smoothable input tensor, its per-channel ``(min, max)``.
+    """
+
+    output: str
+    reference: Sequence[np.ndarray]
+    values: Sequence[Mapping[str, np.ndarray]]
+    channels: dict[str, tuple[list[float], list[float]]]
+
+
+def fp32_pass(
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    channel_tensors: Sequence[str],
+    batches: Sequence[Mapping[str, np.ndarray]],
+    output_index: int,
+) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]], dict[str, tuple[list[float], list[float]]]]:
+    """One FP32 run over the data: the scored output and ``tensors`` per batch, and per-channel ranges.
+
+    Returns:
+        The scored output per batch; per batch, the value of every tensor in ``tensors`` (graph inputs straight
+        from the batch); per tensor of ``channel_tensors``, its per-channel (last axis) min and max.
+    """
+    fed = {value.name for value in model.graph.input}
+    extra = [name for name in dict.fromkeys((*tensors, *channel_tensors)) if name not in fed]
+    session = session_with_outputs(model, extra)
+    names = [output.name for output in session.get_outputs()]
+    required = [value.name for value in session.get_inputs()]
+    outputs, values, lows, highs = [], [], {}, {}
+    for batch in batches:
+        run = dict(zip(names, session.run(None, {name: batch[name] for name in required}), strict=True))
+        outputs.append(run[names[output_index]])
+        run.update({name: np.asarray(batch[name]) for name in fed if name in batch})
+        values.append({name: run[name] for name in tensors})
+        for tensor in channel_tensors:
+            flat = run[tensor].reshape(-1, run[tensor].shape[-1])
+            lows[tensor] = np.minimum(lows.get(tensor, np.inf), flat.min(axis=0))
+            highs[tensor] = np.maximum(highs.get(tensor, -np.inf), flat.max(axis=0))
+    return outputs, values, {t: (lows[t].tolist(), highs[t].tolist()) for t in channel_tensors}
+
+
+def candidate_outputs(
+    model: onnx.ModelProto,
+    layer: Layer,
+    cut: Cut,
+    recipe: QuantRecipe,
+    candidates: Sequence[tuple[Mapping[str, tuple[float, float]], np.ndarray | None]],
+    fp32: Fp32Run,
+) -> tuple[list[list[np.ndarray]], ort.InferenceSession | None]:
+    """Per batch, every candidate's version of the layer's target tensor, and the session downstream of it.
+
+    The target tensor is the only value that differs from FP32, so one probe session computes it for all the
+    candidates side by side; the downstream session (None where the target is the scored output) turns it into
+    the model output.
+    """
+    examples = {name: [batch[name] for batch in fp32.values] for name in cut.fetched}
+    single = single_layer_model(model, cut, examples)
+    plan = Plan.make({layer.name: "int8"})
+    typed = [
+        rewrite(single, [layer], plan, ranges, recipe, smoothing=None if factors is None else {layer.name: factors})
+        for ranges, factors in candidates
+    ]
+    probes = session(side_by_side(typed, cut))
+    changed = [probes.run(None, {name: batch[name] for name in cut.inputs}) for batch in fp32.values]
+    downstream = None
+    if cut.downstream:
+        examples[cut.target] = [outs[0] for outs in changed]
+        examples[fp32.output] = list(fp32.reference)
+        downstream = session(downstream_model(model, cut, fp32.output, examples))
+    return changed, downstream
+
+
+def race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[float], exhaustive: bool) -> list[float]:
+    """Each candidate's total noise over the batches, or its extrapolation once it clearly cannot win.
+
+    Every candidate runs the first batch; the best of them then runs them all, and each other candidate stops once
+    its noise exceeds the best's total (it cannot win) or its noise-to-signal so far exceeds the best's by
+    :data:`MARGIN`; it then holds that estimate, which stays above the best.
+
+    Args:
+        count: How many candidates.
+        noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``.
+        signals: The FP32 output power per batch.
+        exhaustive: Run every candidate on every batch (every total exact).
+    """
+    noise: list[list[float]] = [[noise_of(i, 0)] for i in range(count)]
+
+    def estimate(i: int) -> float:
+        """The total noise of candidate ``i`` at its noise-to-signal ratio so far (exact once complete)."""
+        return sum(noise[i]) * sum(signals) / max(sum(signals[: len(noise[i])]), 1e-30)
+
+    best = math.inf
+    for i in sorted(range(count), key=lambda i: noise[i][0]):  # the likely winner sets the bound
+        while len(noise[i]) < len(signals):
+            if not exhaustive and (sum(noise[i]) > best or estimate(i) > MARGIN * best):
+                break
+            noise[i].append(noise_of(i, len(noise[i])))
+        if len(noise[i]) == len(signals):
+            best = min(best, sum(noise[i]))
+    return [estimate(i) for i in range(count)]

@@ -140,7 +140,7 @@ def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_withou
     calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
     only_max = config.model_copy(update={"search": config.search.model_copy(update={"calibration_methods": ["max"]})})
     space = search_space(only_max.search, model, backend)
-    assert choose_layerwise(only_max.cache_dir, model, backend, space, calibration, data, 0) is None
+    assert choose_layerwise(only_max, model, backend, space, calibration, data, 0) is None
 
     def fail(*args, **kwargs):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL")
@@ -148,7 +148,7 @@ def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_withou
     monkeypatch.setattr(prepare, "choose_layer_methods", fail)
     space = search_space(config.search, model, backend)
     with pytest.raises(SetupError, match="layerwise calibration failed: .*FAIL; leave 'layerwise' out of"):
-        choose_layerwise(config.cache_dir, model, backend, space, calibration, data, 0)
+        choose_layerwise(config, model, backend, space, calibration, data, 0)
 
 
 def test_calibration_errors_are_setup_errors(run, monkeypatch):
@@ -160,3 +160,16 @@ def test_calibration_errors_are_setup_errors(run, monkeypatch):
     monkeypatch.setattr(prepare, "calibrate", fail)
     with pytest.raises(SetupError, match="calibration failed: tensor h1 is not finite"):
         calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
+
+
+def test_layerwise_may_take_a_quarter_of_the_budget_minutes(run, monkeypatch):
+    config, backend, model, data = run
+    calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
+    space = search_space(config.search, model, backend)
+    seen = {}
+    monkeypatch.setattr(prepare, "choose_layer_methods", lambda *args, **options: seen.update(options))
+    choose_layerwise(config, model, backend, space, calibration, data, 0)
+    assert seen["allowance_s"] is None  # no minutes: no limit
+    timed = config.model_copy(update={"budget": config.budget.model_copy(update={"minutes": 4.0})})
+    choose_layerwise(timed, model, backend, space, calibration, data, 0)
+    assert seen["allowance_s"] == 60.0

@@ -126,7 +126,7 @@ def test_choices_minimise_the_measured_output_error_and_come_back_from_the_cache
     def no_rewrite(*args, **kwargs):
         raise AssertionError("the cache should have answered")
 
-    monkeypatch.setattr(layerwise, "rewrite", no_rewrite)
+    monkeypatch.setattr(probe, "rewrite", no_rewrite)
     again = choose_layer_methods(
         loaded.proto,
         loaded.layers,
@@ -485,7 +485,7 @@ def test_a_probe_skips_the_onnx_runs_and_keeps_its_own_cache_entry(tmp_path, mon
     runner, layers, batches = _torch_setup(tmp_path)
     args = (runner.model.proto, layers, runner.backend.recipe, runner.calibration, batches)
     runs = _counting_sessions(monkeypatch)
-    monkeypatch.setattr(layerwise, "_fp32_pass", lambda *a, **k: pytest.fail("the ONNX FP32 pass ran"))
+    monkeypatch.setattr(probe, "fp32_pass", lambda *a, **k: pytest.fail("the ONNX FP32 pass ran"))
     cache = tmp_path / "layerwise-cache"
     first = choose_layer_methods(*args, cache_dir=cache, progress=False, layer_probe=_torch_probe(runner))
     assert runs[0] == 0  # no ONNX Runtime probe session ran
@@ -540,3 +540,26 @@ def test_the_torch_backend_probes_on_cuda_with_the_cpu_choices(tmp_path):
     for name, errors in on_gpu.errors.items():
         for method, error in errors.items():
             assert error == pytest.approx(on_cpu.errors[name][method], rel=1e-2), (name, method)
+
+
+# ---- the time allowance ----------------------------------------------------------------------------------------
+
+
+def test_the_allowance_defaults_the_layers_it_did_not_reach_and_a_later_call_measures_them(tmp_path, caplog):
+    data = _mlp_batches()
+    loaded, calibration = _calibrated(tiny_mlp(), data)
+    args = (loaded.proto, loaded.layers, ORT, calibration, data)
+    with caplog.at_level(logging.INFO, logger="autotune.quant.layerwise"):
+        cut = choose_layer_methods(*args, progress=False, cache_dir=tmp_path, allowance_s=0.0)
+    names = [layer.name for layer in loaded.layers]
+    assert cut.defaulted == tuple(names) and cut.errors == {}
+    assert set(cut.methods.values()) == {"max"}  # nothing measured: the first range method
+    assert f"0 chosen, {len(names)} defaulted to 'max'" in caplog.text
+    # The same cache, no allowance: the defaulted layers are measured now, as a call without the cache would.
+    full = choose_layer_methods(*args, progress=False, cache_dir=tmp_path)
+    assert full.defaulted == () and full == choose_layer_methods(*args, progress=False)
+    # With some layers measured, the others take the range method chosen most often.
+    errors = {"a": {"max": 2.0, "percentile": 1.0}, "b": {"max": 2.0, "percentile": 1.0}, "c": {"max": 1.0}}
+    partial = layerwise._with_defaults(["a", "b", "c", "d"], errors, {}, ("max", "percentile", "smooth-0.5"), 1.0)
+    assert partial.methods == {"a": "percentile", "b": "percentile", "c": "max", "d": "percentile"}
+    assert partial.defaulted == ("d",)
