@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, backend_class
-from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig, TuneConfig
+from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig
 from autotune.data import Dataset
-from autotune.harness.deadline import layerwise_allowance_s
 from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
 from autotune.plan import CALIBRATION_KNOB, Plan
 from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, StatisticsCollector, calibrate
@@ -171,8 +170,21 @@ def calibrate_ranges(
         raise SetupError(f"calibration failed: {error}") from error
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerwiseBounds:
+    """Where the layerwise choices are cached and how long choosing them may take.
+
+    Attributes:
+        cache_dir: The run's cache folder (``cache_dir``); the choices go in its ``calibration`` folder.
+        allowance_s: Seconds choosing may take (``layerwise_allowance_s`` of ``budget.minutes``); None: no limit.
+    """
+
+    cache_dir: Path
+    allowance_s: float | None = None
+
+
 def choose_layerwise(
-    config: TuneConfig,
+    bounds: LayerwiseBounds,
     model: LoadedModel,
     backend: Backend,
     space: SearchSpace,
@@ -184,8 +196,8 @@ def choose_layerwise(
     """Per-layer calibration recipes, when the search may use ``layerwise`` calibration; None otherwise.
 
     The candidates' errors are measured with ``recipe``, the INT8 scheme of the plans they serve
-    (``Backend.recipe_for``); None: the backend's default ``recipe``. The candidates' errors are cached under the
-    config's ``cache_dir``; with ``budget.minutes``, choosing takes at most ``LAYERWISE_SHARE`` of them.
+    (``Backend.recipe_for``); None: the backend's default ``recipe``. The candidates' errors are cached under
+    ``bounds.cache_dir``; with an allowance (``LAYERWISE_SHARE`` of ``budget.minutes``), choosing takes at most it.
     """
     offered = next((knob.values for knob in space.knobs if knob.name == CALIBRATION_KNOB), ())
     if LAYERWISE not in offered:
@@ -200,13 +212,13 @@ def choose_layerwise(
             calibration,
             data.batches,
             output_index,
-            cache_dir=config.cache_dir / "calibration",
+            cache_dir=bounds.cache_dir / "calibration",
             model_hash=model.hash,
             methods=candidates,
             # The bar shows a person where a first run's minutes go; logs and captured output get the summary line.
             progress=log.isEnabledFor(logging.INFO) and sys.stderr.isatty(),
             layer_probe=backend.layer_probe(),  # the backend's own device where it has one (torch on CUDA)
-            allowance_s=layerwise_allowance_s(config.budget.minutes),
+            allowance_s=bounds.allowance_s,
         )
     except Exception as error:  # noqa: BLE001 - ORT raises its own exception types
         raise SetupError(

@@ -15,7 +15,9 @@ import numpy as np
 from autotune.backends import BackendUnavailable, BuildError, get_backend
 from autotune.config import ConfirmConfig, MeasureConfig, TuneConfig
 from autotune.data import Dataset, load_dataset
+from autotune.harness.deadline import layerwise_allowance_s
 from autotune.harness.prepare import (
+    LayerwiseBounds,
     Quantizations,
     SetupError,
     Stages,
@@ -282,7 +284,7 @@ class TrialRunner:
     def _choose_layerwise(self, recipe: QuantRecipe | None = None) -> LayerwiseChoices | None:
         """The per-layer calibration recipes measured with ``recipe`` (None: the backend's default scheme)."""
         return choose_layerwise(
-            self.config,
+            LayerwiseBounds(self.config.cache_dir, layerwise_allowance_s(self.config.budget.minutes)),
             self.model,
             self.backend,
             self.space,

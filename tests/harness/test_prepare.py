@@ -8,7 +8,9 @@ import pytest
 from autotune.backends import get_backend
 from autotune.data import load_dataset
 from autotune.harness import prepare
+from autotune.harness.deadline import layerwise_allowance_s
 from autotune.harness.prepare import (
+    LayerwiseBounds,
     Quantizations,
     SetupError,
     calibrate_ranges,
@@ -23,6 +25,11 @@ from autotune.harness.prepare import (
 from autotune.model import InputSpec
 from autotune.plan import CALIBRATION_KNOB, Plan
 from autotune.testing import tiny_config
+
+
+def _bounds(config):
+    """The layerwise bounds a runner passes for ``config``."""
+    return LayerwiseBounds(config.cache_dir, layerwise_allowance_s(config.budget.minutes))
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +147,18 @@ def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_withou
     calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
     only_max = config.model_copy(update={"search": config.search.model_copy(update={"calibration_methods": ["max"]})})
     space = search_space(only_max.search, model, backend)
-    assert choose_layerwise(only_max, model, backend, space, calibration, data, 0) is None
+    assert (
+        choose_layerwise(
+            _bounds(only_max),
+            model,
+            backend,
+            space,
+            calibration,
+            data,
+            0,
+        )
+        is None
+    )
 
     def fail(*args, **kwargs):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL")
@@ -148,7 +166,15 @@ def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_withou
     monkeypatch.setattr(prepare, "choose_layer_methods", fail)
     space = search_space(config.search, model, backend)
     with pytest.raises(SetupError, match="layerwise calibration failed: .*FAIL; leave 'layerwise' out of"):
-        choose_layerwise(config, model, backend, space, calibration, data, 0)
+        choose_layerwise(
+            _bounds(config),
+            model,
+            backend,
+            space,
+            calibration,
+            data,
+            0,
+        )
 
 
 def test_calibration_errors_are_setup_errors(run, monkeypatch):
@@ -168,8 +194,24 @@ def test_layerwise_may_take_a_quarter_of_the_budget_minutes(run, monkeypatch):
     space = search_space(config.search, model, backend)
     seen = {}
     monkeypatch.setattr(prepare, "choose_layer_methods", lambda *args, **options: seen.update(options))
-    choose_layerwise(config, model, backend, space, calibration, data, 0)
+    choose_layerwise(
+        _bounds(config),
+        model,
+        backend,
+        space,
+        calibration,
+        data,
+        0,
+    )
     assert seen["allowance_s"] is None  # no minutes: no limit
     timed = config.model_copy(update={"budget": config.budget.model_copy(update={"minutes": 4.0})})
-    choose_layerwise(timed, model, backend, space, calibration, data, 0)
+    choose_layerwise(
+        _bounds(timed),
+        model,
+        backend,
+        space,
+        calibration,
+        data,
+        0,
+    )
     assert seen["allowance_s"] == 60.0
