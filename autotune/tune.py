@@ -251,7 +251,8 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     one_liners = one_liner_plans(evaluator, space.layer_names)
     rounds = confirmation_rounds(config.confirm, search_check) or config.confirm.rounds
     confirmation = _ConfirmationShape(
-        config.confirm.top_k + len(one_liners),
+        config.confirm.top_k,
+        len(one_liners),
         rounds,
         config.measure.warmup + config.confirm.repeats,
         confirmation_protocol(config.measure, config.confirm, rounds).round_limit / rounds,
@@ -277,14 +278,24 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
 class _ConfirmationShape:
     """The confirmation a search leaves time for.
 
-    Plans beside FP32, rounds, runs of each per round, and the rounds it may time per round it needs (the round
-    limit of ``measure.max_rounds``).
+    Finalists (``confirm.top_k``) and one-liners beside FP32, rounds, runs of each per round, and the rounds it may
+    time per round it needs (the round limit of ``measure.max_rounds``).
     """
 
-    plans: int
+    finalists: int
+    references: int
     rounds: int
     runs_per_round: int
     limit_factor: float
+
+    def finalists_of(self, trials: Sequence[TrialResult], searching: bool) -> int:
+        """The finalists there can be: ``finalists``, or fewer where the search measured fewer plans.
+
+        While it is ``searching``, one more than it has measured (the next build may be one): a detector whose
+        first trial took 7 s stopped its search there, leaving time for five finalists it did not have.
+        """
+        measured = len({trial.plan_hash for trial in trials if trial.ok})
+        return max(1, min(self.finalists, measured + int(searching)))
 
 
 def _timed_search(
@@ -303,8 +314,10 @@ def _timed_search(
     def leave_time_for_the_confirmation() -> None:
         if deadline.total_s is None:  # no minutes: nothing to leave, and no reason to read every trial again
             return
-        costs = TrialCosts.of(list(store.trials()), confirmation.limit_factor, config.measure.busy_patience_s)
-        left = deadline.search_left_s(costs, confirmation.plans, confirmation.rounds, confirmation.runs_per_round)
+        trials = list(store.trials())
+        costs = TrialCosts.of(trials, confirmation.limit_factor, config.measure.busy_patience_s)
+        plans = confirmation.finalists_of(trials, searching=True) + confirmation.references
+        left = deadline.search_left_s(costs, plans, confirmation.rounds, confirmation.runs_per_round)
         driver.deadline = driver.clock() + left
 
     harness.landed = leave_time_for_the_confirmation
@@ -329,9 +342,10 @@ def _confirm_and_export(
     """The confirmation cut to the time left, then the export; adds their seconds to ``times``."""
     config, store, deadline = session.config, session.store, session.deadline
     shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
+    trials = list(store.trials())
     size = deadline.size_confirmation(
-        TrialCosts.of(list(store.trials()), confirmation.limit_factor, config.measure.busy_patience_s),
-        config.confirm.top_k,
+        TrialCosts.of(trials, confirmation.limit_factor, config.measure.busy_patience_s),
+        confirmation.finalists_of(trials, searching=False),
         len(one_liners),
         confirmation.rounds,
         confirmation.runs_per_round,

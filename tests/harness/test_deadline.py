@@ -139,3 +139,23 @@ def test_a_run_with_minutes_leaves_out_the_one_liners_that_search_unless_asked(t
     assert [plan.reference for plan in plans] == timed
     said = capsys.readouterr().err
     assert ("nncf-accuracy-control (a search of its own" in said) == (len(timed) == 2)
+
+
+def test_the_search_leaves_time_for_the_finalists_it_can_have_not_for_top_k():
+    from autotune.tune import _ConfirmationShape
+
+    shape = _ConfirmationShape(finalists=5, references=1, rounds=8, runs_per_round=12, limit_factor=4.0)
+    plans = [Plan.uniform(["a", "b"], p) for p in ("int8", "fp16")]
+    one = [_trial(10.0, 50.0, 70.0)]
+    two = [TrialResult(**{**_trial(10.0, 50.0, 70.0).__dict__, "plan": plan}) for plan in plans] + one
+    failed = [TrialResult.failure(Plan.uniform(["a", "b"], "bf16"), "build failed")]
+    assert shape.finalists_of([], searching=True) == 1
+    assert shape.finalists_of(one + failed, searching=True) == 2  # the next build may be a second finalist
+    assert shape.finalists_of(one + failed, searching=False) == 1
+    assert shape.finalists_of(two, searching=False) == 2  # two distinct plans, one measured twice
+    many = [TrialResult(**{**one[0].__dict__, "plan": Plan.uniform(["a", f"b{i}"], "int8")}) for i in range(9)]
+    assert shape.finalists_of(many, searching=True) == shape.finalists_of(many, searching=False) == 5
+    # Costed for what it can have, a search with one trial leaves itself far more time than for five finalists.
+    now, deadline = _clock()
+    costs = TrialCosts.of(one)
+    assert deadline.search_left_s(costs, 2 + 1, 8, 12) > deadline.search_left_s(costs, 5 + 1, 8, 12) + 5
