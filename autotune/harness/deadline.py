@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from autotune.trial import TrialResult
 
 MIN_CONFIRM_ROUNDS = 3
@@ -52,6 +54,9 @@ class TrialCosts:
         rounds_inflation: Rounds timed per round that counts, at the most (``ROUND_LIMIT_FACTOR``, or the
             trials' own median where a busy machine made them time more).
         patience_s: Seconds a measurement may wait out a busy machine past its limit (``measure.busy_patience_s``).
+        overhead: A timed run's wall time over its measured latency, at least 1 (the trials' timing seconds over
+            their runs' latencies, the upper quartile): where the pace moves, the runs a measurement times are slower
+            than the latency it reports (a detector's confirmation took 1.4 times its latencies' worth).
     """
 
     prepare_s: float
@@ -59,6 +64,7 @@ class TrialCosts:
     reference_ms: float
     rounds_inflation: float
     patience_s: float = 0.0
+    overhead: float = 1.0
 
     @classmethod
     def of(
@@ -74,12 +80,16 @@ class TrialCosts:
         timed = [t for t in trials if not t.from_store and t.latency_ms and t.reference_latency_ms and t.total_s]
         if not timed:
             return None
-        prepare, inflation = [], []
+        prepare, inflation, overhead = [], [], []
         for trial in timed:
             runs = trial.protocol.get("warmup", 0) + trial.protocol.get("repeats", 1)
             rounds = (trial.busy or {}).get("rounds") or trial.protocol.get("rounds", 1)
             timing_s = rounds * runs * (trial.latency_ms + trial.reference_latency_ms) / 1e3
-            prepare.append(max(0.0, trial.total_s - timing_s))
+            # A trial that says how long it built and scored (build_s, score_s) gives its timing's real cost too.
+            scored_s = trial.build_s + trial.score_s if trial.build_s and trial.score_s else None
+            prepare.append(max(0.0, trial.total_s - timing_s) if scored_s is None else scored_s)
+            if scored_s is not None and timing_s > 0:
+                overhead.append(max(1.0, (trial.total_s - scored_s) / timing_s))
             inflation.append(rounds / max(1, trial.protocol.get("rounds", 1)))
         return cls(
             statistics.median(prepare),
@@ -87,17 +97,19 @@ class TrialCosts:
             statistics.median(t.reference_latency_ms for t in timed),
             max(limit_factor, statistics.median(inflation)),
             patience_s,
+            float(np.percentile(overhead, 75)) if overhead else 1.0,
         )
 
     def confirmation_s(self, plans: int, rounds: int, runs_per_round: int) -> float:
         """Seconds to confirm ``plans`` plans (finalists and one-liners) beside FP32, and export the winner.
 
-        Each plan is built and scored, then every plan and FP32 run ``runs_per_round`` times in each of the rounds,
-        up to the round limit, and the patience on top. One-liners are costed as a plan of the search: their speed is
-        unknown until they are timed.
+        Each plan is built and scored, then every plan, FP32's own plan (the self-check's row) and the FP32 reference
+        run ``runs_per_round`` times in each of the rounds, up to the round limit, at the trials' ``overhead``, and
+        the patience on top. One-liners are costed as a plan of the search: their speed is unknown until they are
+        timed.
         """
-        per_round_s = runs_per_round * (plans * self.run_ms + self.reference_ms) / 1e3
-        timing_s = rounds * self.rounds_inflation * per_round_s + self.patience_s
+        per_round_s = runs_per_round * (plans * self.run_ms + 2 * self.reference_ms) / 1e3
+        timing_s = rounds * self.rounds_inflation * per_round_s * self.overhead + self.patience_s
         return (plans + 1 + EXPORT_SHARE) * self.prepare_s + timing_s
 
 

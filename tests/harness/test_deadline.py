@@ -53,9 +53,20 @@ def test_store_hits_and_failures_say_nothing_about_cost():
 
 def test_a_confirmation_costs_a_build_per_plan_and_every_plan_in_every_round():
     costs = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=20.0, rounds_inflation=1.0)
-    # 3 plans + FP32 + the export built; 8 rounds of 12 runs of 3 x 10 ms and 20 ms
-    expected = (3 + 1 + 0.6) * 2.0 + 8 * 12 * (3 * 10.0 + 20.0) / 1e3
+    # 3 plans + FP32 + the export built; 8 rounds of 12 runs of 3 x 10 ms, FP32's plan and the reference at 20 ms
+    expected = (3 + 1 + 0.6) * 2.0 + 8 * 12 * (3 * 10.0 + 2 * 20.0) / 1e3
     assert costs.confirmation_s(3, 8, 12) == pytest.approx(expected)
+    slower = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=20.0, rounds_inflation=1.0, overhead=1.5)
+    assert slower.confirmation_s(3, 8, 12) == pytest.approx((3 + 1 + 0.6) * 2.0 + 1.5 * 8 * 12 * 70.0 / 1e3)
+
+
+def test_a_trial_that_times_slower_than_its_latencies_makes_the_confirmation_cost_more():
+    # 4 rounds x 7 runs x 30 ms = 0.84 s of latency; the trial built in 1 s, scored in 2 s and timed for 1.26 s
+    trial = TrialResult(**{**_trial(4.26, 10.0, 20.0).__dict__, "build_s": 1.0, "score_s": 2.0})
+    costs = TrialCosts.of([trial])
+    assert costs.prepare_s == pytest.approx(3.0) and costs.overhead == pytest.approx(1.5)
+    faster = TrialResult(**{**trial.__dict__, "total_s": 3.5})  # timed in less than its latencies: never below 1
+    assert TrialCosts.of([faster]).overhead == 1.0
 
 
 def test_without_a_limit_the_search_and_the_confirmation_are_never_cut():
