@@ -389,6 +389,14 @@ budget:
 
 
 MEASURED_ON = "2026-12-06, a 2-core x86 VM shared with other jobs, so the speedups are rough"
+def _half_of_ort_static(one_liner: str, all_int8: str) -> str:
+    """The budget note of a detector whose budget is about half of ``quantize_static``'s drop."""
+    return f"""About half the drop (1 - mean cosine) of ONNX Runtime's own one-liner: `autotune evaluate THIS_FILE
+--plan ort-static --plan int8` measured ort-static at a drop of {one_liner} and our all-INT8 plan
+(layerwise calibration) at {all_int8} on the evaluation split
+({MEASURED_ON})."""
+
+
 DBNET_NOTES = Notes(
     title="PP-OCRv4's text detector (DBNet), batch 2 x 3 x 480 x 640, on ONNX Runtime CPU.",
     about="""The ONNX file the rapidocr_onnxruntime 1.4.4 wheel ships (models/ch_PP-OCRv4_det_infer.onnx), its
@@ -399,31 +407,25 @@ an FPN neck and a probability-map head. 72 tunable layers (`autotune inspect THI
 lines of random words drawn on them (the map marks each line); preprocessed as rapidocr does (BGR / 255, mean and
 std 0.5). Each split has its own seed, so no view is in two splits.""",
     metric="mean cosine of the text probability map (2 x 1 x 480 x 640 a batch) to FP32's",
-    budget_note=f"""About half the drop (1 - mean cosine) of ONNX Runtime's own one-liner: `autotune evaluate THIS_FILE
---plan ort-static --plan int8` measured ort-static at a drop of 0.188 (1.41x FP32) and our all-INT8 plan
-(layerwise calibration) at 0.149 (1.24x) on the evaluation split
-({MEASURED_ON}).""",
+    budget_note=_half_of_ort_static("0.188 (1.41x FP32)", "0.149 (1.24x)"),
     budget=0.09,
     reference="ort-static",
     cost="""On the shared VM, FP32 ran a batch in 70-230 ms and a trial (build, 8 batches, the latency protocol) took
-about 15 s; the layerwise calibration, once per model and data (cached in .cache/autotune), took 32-141 s.""",
+about 5-25 s; the layerwise calibration, once per model and data (cached in .cache/autotune), took 30 s quiet.""",
 )
 YOLO_NOTES = Notes(
     title="A YOLOv8n-shaped detector (random weights, BatchNorm settled on photographs), 2 x 3 x 320 x 320.",
     about="""Built in bench/detectors.py: Conv-BN-SiLU blocks, C2f with residual bottlenecks, SPPF, a PAN neck and a
 decoupled head at strides 8, 16, 32, YOLOv8n's widths and depths; exported at opset 17 with BatchNorm folded and every
-SiLU written as Sigmoid and Mul. 186 tunable layers: 63 Convs, 57 Sigmoids, 57 Muls, 9 Concats.""",
+SiLU written as Sigmoid and Mul. 72 tunable layers: 63 Convs (each SiLU part of its Conv's layer) and 9 Concats.""",
     input=YOLO_INPUT,
     data="""Random-resized crops of the 14 photographs scikit-image ships, RGB / 255. Each split has its own seed.""",
     metric="mean cosine of the head's raw map (64 box-distribution and 80 class logits per anchor) to FP32's",
-    budget_note=f"""About half the drop (1 - mean cosine) of ONNX Runtime's own one-liner: `autotune evaluate THIS_FILE
---plan ort-static --plan int8` measured ort-static at a drop of 0.158 (2.27x FP32) and our all-INT8 plan
-(layerwise calibration) at 0.136 (2.01x) on the evaluation split
-({MEASURED_ON}).""",
+    budget_note=_half_of_ort_static("0.158 (2.27x FP32)", "0.136 (2.01x)"),
     budget=0.08,
     reference="ort-static",
     cost="""On the shared VM, FP32 ran a batch in 25-125 ms and a trial (build, 8 batches, the latency protocol) took
-1-6 s; the layerwise calibration, once per model and data (cached in .cache/autotune), took 55-207 s.""",
+1-6 s; the layerwise calibration, once per model and data (cached in .cache/autotune), took 20 s quiet.""",
 )
 LSTM_NOTES = Notes(
     title="bench/lstm_encoder.py's 3-layer LSTM speaker encoder (random weights), batch 8 x 100 frames x 40.",

@@ -147,18 +147,7 @@ def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_withou
     calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
     only_max = config.model_copy(update={"search": config.search.model_copy(update={"calibration_methods": ["max"]})})
     space = search_space(only_max.search, model, backend)
-    assert (
-        choose_layerwise(
-            _bounds(only_max),
-            model,
-            backend,
-            space,
-            calibration,
-            data,
-            0,
-        )
-        is None
-    )
+    assert choose_layerwise(_bounds(only_max), model, backend, space, calibration, data, 0) is None
 
     def fail(*args, **kwargs):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL")
@@ -166,15 +155,7 @@ def test_layerwise_runs_only_where_offered_and_its_failure_says_how_to_do_withou
     monkeypatch.setattr(prepare, "choose_layer_methods", fail)
     space = search_space(config.search, model, backend)
     with pytest.raises(SetupError, match="layerwise calibration failed: .*FAIL; leave 'layerwise' out of"):
-        choose_layerwise(
-            _bounds(config),
-            model,
-            backend,
-            space,
-            calibration,
-            data,
-            0,
-        )
+        choose_layerwise(_bounds(config), model, backend, space, calibration, data, 0)
 
 
 def test_calibration_errors_are_setup_errors(run, monkeypatch):
@@ -194,24 +175,8 @@ def test_layerwise_may_take_a_quarter_of_the_budget_minutes(run, monkeypatch):
     space = search_space(config.search, model, backend)
     seen = {}
     monkeypatch.setattr(prepare, "choose_layer_methods", lambda *args, **options: seen.update(options))
-    choose_layerwise(
-        _bounds(config),
-        model,
-        backend,
-        space,
-        calibration,
-        data,
-        0,
-    )
+    choose_layerwise(_bounds(config), model, backend, space, calibration, data, 0)
     assert seen["allowance_s"] is None  # no minutes: no limit
     timed = config.model_copy(update={"budget": config.budget.model_copy(update={"minutes": 4.0})})
-    choose_layerwise(
-        _bounds(timed),
-        model,
-        backend,
-        space,
-        calibration,
-        data,
-        0,
-    )
+    choose_layerwise(_bounds(timed), model, backend, space, calibration, data, 0)
     assert seen["allowance_s"] == 60.0
