@@ -33,6 +33,10 @@ EXPORT_SHARE = 0.6
 """The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""
 UNKNOWN_RESERVE_SHARE = 0.25
 """The share of the budget kept for the confirmation before any trial has said what one costs."""
+CONFIRMATION_SHARE = 0.4
+"""The most of the budget the search keeps for the confirmation, unless one finalist in the fewest rounds needs
+more: the confirmation is then cut to the time left. Kept whole, a 5-minute MiniLM run's confirmation (four plans
+and FP32 at the round limit, 4.6 minutes) left its search one build, and it exported FP32."""
 LAYERWISE_SHARE = 0.25
 """The share of the budget the layerwise calibration may take (``LayerwiseOptions.allowance_s``): the layers it has
 not reached by then take the method chosen most often, and the next run on the same cache measures them."""
@@ -160,8 +164,12 @@ class RunDeadline:
             return left
         if costs is None:
             return left - UNKNOWN_RESERVE_SHARE * (self.total_s or 0.0)
+        fewest = costs.confirmation_s(1, min(rounds, MIN_CONFIRM_ROUNDS), runs_per_round)
+        reserve = min(
+            costs.confirmation_s(plans, rounds, runs_per_round), max(fewest, CONFIRMATION_SHARE * self.total_s)
+        )
         # The first build after the deadline check runs to its end: it is part of what the search spends.
-        return left - costs.confirmation_s(plans, rounds, runs_per_round) - costs.prepare_s
+        return left - reserve - costs.prepare_s
 
     def size_confirmation(
         self, costs: TrialCosts | None, top_k: int, references: int, rounds: int, runs_per_round: int

@@ -81,8 +81,8 @@ def test_the_search_leaves_the_confirmation_its_time():
     now[0] += 10.0  # set-up took 10 s of the 60
     assert deadline.search_left_s(None, 7, 8, 12) == pytest.approx(50.0 - UNKNOWN_RESERVE_SHARE * 60.0)
     costs = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=20.0, rounds_inflation=1.0)
-    expected = 50.0 - costs.confirmation_s(7, 8, 12) - costs.prepare_s  # and one more build runs to its end
-    assert deadline.search_left_s(costs, 7, 8, 12) == pytest.approx(expected)
+    expected = 50.0 - costs.confirmation_s(3, 8, 12) - costs.prepare_s  # and one more build runs to its end
+    assert deadline.search_left_s(costs, 3, 8, 12) == pytest.approx(expected)
 
 
 def test_a_confirmation_gives_up_finalists_first_then_one_liners_then_rounds():
@@ -166,7 +166,22 @@ def test_the_search_leaves_time_for_the_finalists_it_can_have_not_for_top_k():
     assert shape.finalists_of(two, searching=False) == 2  # two distinct plans, one measured twice
     many = [TrialResult(**{**one[0].__dict__, "plan": Plan.uniform(["a", f"b{i}"], "int8")}) for i in range(9)]
     assert shape.finalists_of(many, searching=True) == shape.finalists_of(many, searching=False) == 5
-    # Costed for what it can have, a search with one trial leaves itself far more time than for five finalists.
-    now, deadline = _clock()
+    # Costed for what it can have, a search with one trial keeps far less time than for five finalists.
     costs = TrialCosts.of(one)
-    assert deadline.search_left_s(costs, 2 + 1, 8, 12) > deadline.search_left_s(costs, 5 + 1, 8, 12) + 5
+    assert costs.confirmation_s(2 + 1, 8, 12) < costs.confirmation_s(5 + 1, 8, 12) - 5
+
+
+def test_the_search_keeps_at_most_a_share_of_the_budget_for_the_confirmation_unless_one_finalist_needs_more():
+    from autotune.harness.deadline import CONFIRMATION_SHARE
+
+    now, deadline = _clock()  # a 60 s budget
+    cheap = TrialCosts(prepare_s=0.5, run_ms=10.0, reference_ms=20.0, rounds_inflation=1.0)
+    assert cheap.confirmation_s(5, 8, 12) < CONFIRMATION_SHARE * 60.0  # all of it is kept
+    assert deadline.search_left_s(cheap, 5, 8, 12) == pytest.approx(60.0 - cheap.confirmation_s(5, 8, 12) - 0.5)
+    costly = TrialCosts(prepare_s=0.5, run_ms=30.0, reference_ms=30.0, rounds_inflation=4.0)
+    assert costly.confirmation_s(5, 8, 12) > 60.0  # a search keeping it all would stop at once
+    assert deadline.search_left_s(costly, 5, 8, 12) == pytest.approx(60.0 - CONFIRMATION_SHARE * 60.0 - 0.5)
+    heavy = TrialCosts(prepare_s=0.5, run_ms=1000.0, reference_ms=1000.0, rounds_inflation=4.0)
+    fewest = heavy.confirmation_s(1, MIN_CONFIRM_ROUNDS, 12)
+    assert fewest > CONFIRMATION_SHARE * 60.0  # one finalist in the fewest rounds is the least it keeps
+    assert deadline.search_left_s(heavy, 5, 8, 12) == pytest.approx(60.0 - fewest - 0.5)
