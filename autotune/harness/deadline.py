@@ -58,6 +58,8 @@ class TrialCosts:
         rounds_inflation: Rounds timed per round that counts, at the most (``ROUND_LIMIT_FACTOR``, or the
             trials' own median where a busy machine made them time more).
         patience_s: Seconds a measurement may wait out a busy machine past its limit (``measure.busy_patience_s``).
+        trial_s: Seconds of the median trial, end to end (the last build of a search runs to its end, and the
+            agent's work after it is paced to about as long: ``ppo.compute_share``).
         overhead: A timed run's wall time over its measured latency, at least 1 (the trials' timing seconds over
             their runs' latencies, the upper quartile): where the pace moves, the runs a measurement times are slower
             than the latency it reports (a detector's confirmation took 1.4 times its latencies' worth).
@@ -69,6 +71,7 @@ class TrialCosts:
     rounds_inflation: float
     patience_s: float = 0.0
     overhead: float = 1.0
+    trial_s: float = 0.0
 
     @classmethod
     def of(
@@ -102,6 +105,7 @@ class TrialCosts:
             max(limit_factor, statistics.median(inflation)),
             patience_s,
             float(np.percentile(overhead, 75)) if overhead else 1.0,
+            statistics.median(t.total_s for t in timed),
         )
 
     def confirmation_s(self, plans: int, rounds: int, runs_per_round: int) -> float:
@@ -168,8 +172,9 @@ class RunDeadline:
         reserve = min(
             costs.confirmation_s(plans, rounds, runs_per_round), max(fewest, CONFIRMATION_SHARE * self.total_s)
         )
-        # The first build after the deadline check runs to its end: it is part of what the search spends.
-        return left - reserve - costs.prepare_s
+        # The first build after the deadline check runs to its end, and the policy's work after it about as long
+        # (a 5-minute MiniLM search overran its deadline by 70 s): both are part of what the search spends.
+        return left - reserve - max(costs.prepare_s, 2.0 * costs.trial_s)
 
     def size_confirmation(
         self, costs: TrialCosts | None, top_k: int, references: int, rounds: int, runs_per_round: int
