@@ -188,7 +188,8 @@ def test_the_search_keeps_at_most_a_share_of_the_budget_for_the_confirmation_unl
 
 
 def test_the_search_stops_a_trial_and_the_policys_work_after_it_before_the_confirmations_time():
-    costs = TrialCosts.of([_trial(3.84, 10.0, 20.0), _trial(12.0, 10.0, 20.0), _trial(4.0, 10.0, 20.0)])
+    trials = [_trial(3.84, 10.0, 20.0), _trial(12.0, 10.0, 20.0), _trial(4.0, 10.0, 20.0)]
+    costs = TrialCosts.of(trials, limit_factor=1.0)
     assert costs.trial_s == pytest.approx(4.0)  # the median trial, end to end
     now, deadline = _clock()
     expected = 60.0 - costs.confirmation_s(3, 8, 12) - 2 * 4.0
