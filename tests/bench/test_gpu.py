@@ -267,7 +267,9 @@ def test_the_time_limit_interrupts_a_run_and_starts_no_other(tmp_path, config_fi
     sleep = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
     monkeypatch.setattr(gpu, "tune_command", lambda config_path, overrides: sleep)
     out = tmp_path / "out"
-    gpu.main(["tune", "--out", str(out), "--time-limit", "1.5", str(config_file), "--", str(config_file)])
+    # 6 s, not less: loading the config in a large test process can take over a second, and a SIGINT that reaches
+    # the child between its fork and its exec is lost (the child then sleeps its full minute and exits 0)
+    gpu.main(["tune", "--out", str(out), "--time-limit", "6", str(config_file), "--", str(config_file)])
     results = json.loads((out / "gpu.json").read_text())
     interrupted, skipped = results["runs"]
     assert interrupted["interrupted"] and interrupted["exit_code"] != 0
