@@ -264,11 +264,14 @@ def test_tune_runs_each_config_and_writes_its_rows_after_every_run(tmp_path, con
 
 
 def test_the_time_limit_interrupts_a_run_and_starts_no_other(tmp_path, config_file, quiet, monkeypatch):
-    sleep = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    # The child takes Ctrl-C's default action whatever the test process left SIGINT at (ignored, it is inherited)
+    child = (
+        "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); print('started', flush=True)"
+    )
+    sleep = [sys.executable, "-c", child + "; time.sleep(60)"]
     monkeypatch.setattr(gpu, "tune_command", lambda config_path, overrides: sleep)
     out = tmp_path / "out"
-    # 6 s, not less: loading the config in a large test process can take over a second, and a SIGINT that reaches
-    # the child between its fork and its exec is lost (the child then sleeps its full minute and exits 0)
+    # 6 s: loading the config in a large test process can take over a second
     gpu.main(["tune", "--out", str(out), "--time-limit", "6", str(config_file), "--", str(config_file)])
     results = json.loads((out / "gpu.json").read_text())
     interrupted, skipped = results["runs"]
