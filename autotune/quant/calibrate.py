@@ -44,6 +44,9 @@ _MAX_ENTROPY_CANDIDATES = 512
 # candidate gets a large but finite penalty instead of inf, so a histogram of such candidates still ranks.
 _KL_EPSILON = 1e-10
 
+# Divergences this close are ties (TensorRT's own search compares the floats as they come).
+_KL_TIE = 1e-12
+
 
 @dataclass(frozen=True)
 class CalibrationSettings:
@@ -115,27 +118,44 @@ def _percentile_amax(stats: TensorStats, percentile: float) -> float:
     return float((index + 1) * stats.bin_width)
 
 
-def _kl_divergence(hist: np.ndarray, clip: int, target_bins: int, outliers: float) -> float:
-    """KL(P || Q) for clipping the (float) histogram at bin ``clip``."""
-    kept = hist[:clip]
-    reference = kept.copy()
-    reference[-1] += outliers  # clipped values saturate at the last level
-    # Q is built from the kept bins only, as TensorRT does: the outlier mass sits in P's last bin and not in
-    # Q, which is what penalises clipping too much.
-    group = (np.arange(clip) * target_bins) // clip
-    nonzero = kept > 0
-    group_mass = np.bincount(group, weights=kept, minlength=target_bins)
-    group_nonzero = np.bincount(group, weights=nonzero, minlength=target_bins)
-    # Spread over the nonzero bins only: an empty bin must stay empty after quantization, else Q
-    # invents mass where the data has none.
-    expanded = np.where(nonzero, group_mass[group] / np.maximum(group_nonzero[group], 1.0), 0.0)
-    q_total = expanded.sum()
-    if q_total <= 0.0:
-        return math.inf
-    p = reference / reference.sum()
-    q = expanded / q_total
-    mask = p > 0
-    return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], _KL_EPSILON))))
+def _kl_divergences(hist: np.ndarray, clips: np.ndarray, target_bins: int) -> np.ndarray:
+    """KL(P || Q) for clipping the (float) histogram at each bin of ``clips`` (each at least ``target_bins``).
+
+    P is ``hist[:clip]`` with the outlier mass ``hist[clip:]`` added to its last bin (clipped values saturate at
+    the last level). Q is built from the kept bins only, as TensorRT does: they are merged into ``target_bins``
+    contiguous groups (bin ``j`` into group ``j * target_bins // clip``) and each group's mass is spread evenly
+    over its nonzero bins (an empty bin must stay empty after quantization, else Q invents mass where the data has
+    none); the outlier mass sits in P's last bin and not in Q, which is what penalises clipping too much.
+
+    Within a group every nonzero bin has the same Q, so the sum over bins collapses to one over groups, read from
+    prefix sums: ``O(target_bins)`` per clip instead of ``O(clip)`` (the per-bin loop took 6 s of a YOLO-sized
+    detector's 19 s layerwise calibration).
+    """
+    total = hist.sum()  # P's mass: the kept bins plus the outliers
+    nonzero = hist > 0
+    p_log_p = np.zeros_like(hist)
+    p_log_p[nonzero] = hist[nonzero] / total * np.log(hist[nonzero] / total)
+    mass_before = np.concatenate([[0.0], np.cumsum(hist)])
+    count_before = np.concatenate([[0], np.cumsum(nonzero)])
+    entropy_before = np.concatenate([[0.0], np.cumsum(p_log_p)])
+    clip = np.asarray(clips)[:, None]
+    edges = -((-np.arange(target_bins + 1)[None, :] * clip) // target_bins)  # group g spans [edges[g], edges[g+1])
+    mass = np.diff(mass_before[edges], axis=1)
+    count = np.diff(count_before[edges], axis=1)
+    kept = mass_before[clip[:, 0]]  # Q's mass before normalising
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_q = np.log(np.maximum(mass / (np.maximum(count, 1) * kept[:, None]), _KL_EPSILON))
+        cross = np.where(count > 0, mass / total * log_q, 0.0).sum(axis=1)
+        last = hist[clip[:, 0] - 1]
+        outliers = total - kept
+        # The last bin holds the outliers in P: its own term, and its share of the cross term at its group's Q
+        # (or at the floor, where the bin is empty and Q has nothing there).
+        saturated = (last + outliers) / total
+        own = np.where(saturated > 0, saturated * np.log(saturated), 0.0)
+        entropy = entropy_before[clip[:, 0] - 1] + own
+        cross += outliers / total * np.where(last > 0, log_q[:, -1], math.log(_KL_EPSILON))
+        divergences = entropy - cross
+    return np.where(kept > 0, divergences, math.inf)
 
 
 def _entropy_candidates(num_bins: int, target_bins: int) -> list[int]:
@@ -163,10 +183,10 @@ def _entropy_amax(stats: TensorStats, target_bins: int) -> float:
     # Bin 0 holds every exact zero (ReLU outputs, padding). Zero is representable exactly, yet a big spike
     # there dominates the KL and drives the search to over-clip; pytorch-quantization flattens it too.
     hist[0] = hist[1]
-    tail = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # tail[i] = hist[i:].sum()
-    candidates = _entropy_candidates(len(hist), target_bins)
-    divergences = np.array([_kl_divergence(hist, i, target_bins, tail[i]) for i in candidates])
-    best = len(divergences) - 1 - int(np.argmin(divergences[::-1]))
+    candidates = np.asarray(_entropy_candidates(len(hist), target_bins))
+    divergences = _kl_divergences(hist, candidates, target_bins)
+    # Ties within rounding go to the least clipping: the closed form rounds differently from bin-by-bin sums.
+    best = int(np.flatnonzero(divergences <= divergences.min() + _KL_TIE)[-1])
     return float(candidates[best] * stats.bin_width)
 
 

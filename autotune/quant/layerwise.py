@@ -69,7 +69,7 @@ LAYERWISE = "layerwise"
 SMOOTHING = {"smooth-0.5": 0.5, "smooth-0.75": 0.75}
 """SmoothQuant candidates by name: the migration strength ``a`` (0: all on the weight side, 1: all removed)."""
 
-_CACHE_FORMAT = 4
+_CACHE_FORMAT = 5
 
 
 class LayerProbe(Protocol):

@@ -267,14 +267,18 @@ def downstream_model(
     return _submodel(model, cut.downstream, inputs, [_value_info(output, examples[output])])
 
 
-def session(model: onnx.ModelProto, threads: int = 2) -> ort.InferenceSession:
-    """A CPU session that runs the nodes as written.
+def session(model: onnx.ModelProto, threads: int = 2, optimize: bool = False) -> ort.InferenceSession:
+    """A CPU session that runs the nodes as written, or, with ``optimize``, as ONNX Runtime optimizes FP32 graphs.
 
-    Graph optimizations stay off, as in the whole-model runs these sessions stand for: fusions would round the
-    Q/DQ'd layers differently, and on MiniLM's FP32 downstream parts they saved no time.
+    A probe runs its Q/DQ'd layer as written, as in the whole-model runs it stands for: fusions would round the
+    quantized layer differently. The downstream part is plain FP32, where ONNX Runtime's full optimization (its
+    blocked NCHWc convolution layout among them) changes the output by float rounding alone, orders of magnitude
+    below an INT8 layer's noise, and ran the YOLO-like detector's FP32 graph 1.4x faster.
     """
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -362,16 +366,22 @@ def candidate_outputs(
     if cut.downstream:
         examples[cut.target] = [outs[0] for outs in changed]
         examples[fp32.output] = list(fp32.reference)
-        downstream = session(downstream_model(model, cut, fp32.output, examples))
+        downstream = session(downstream_model(model, cut, fp32.output, examples), optimize=True)
     return changed, downstream
 
 
 def race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[float], exhaustive: bool) -> list[float]:
     """Each candidate's total noise over the batches, or its extrapolation once it clearly cannot win.
 
-    Every candidate runs the first batch; the best of them then runs them all, and each other candidate stops once
-    its noise exceeds the best's total (it cannot win) or its noise-to-signal so far exceeds the best's by
-    :data:`MARGIN`; it then holds that estimate, which stays above the best.
+    The batches run largest FP32 output power first. Every candidate runs the first; the best of them then runs
+    them all, and each other candidate stops once its noise exceeds the best's total (it cannot win) or its
+    noise-to-signal so far exceeds the best's by :data:`MARGIN`; it then holds that estimate, which stays above
+    the best.
+
+    The order matters where the batches' output power differs: on the YOLO-like detector's photographs the first
+    batch carried 1/60 of the others' power and ranked the candidates otherwise than the total, so the race kept
+    another candidate than the exhaustive comparison in 41 of 72 layers (up to 4x its error). Largest first, the
+    batches that decide the total also decide who runs: 72 of 72 the same, in 11 % fewer downstream runs.
 
     Args:
         count: How many candidates.
@@ -379,18 +389,20 @@ def race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[fl
         signals: The FP32 output power per batch.
         exhaustive: Run every candidate on every batch (every total exact).
     """
-    noise: list[list[float]] = [[noise_of(i, 0)] for i in range(count)]
+    order = sorted(range(len(signals)), key=lambda b: -signals[b])
+    power = [signals[b] for b in order]
+    noise: list[list[float]] = [[noise_of(i, order[0])] for i in range(count)]
 
     def estimate(i: int) -> float:
         """The total noise of candidate ``i`` at its noise-to-signal ratio so far (exact once complete)."""
-        return sum(noise[i]) * sum(signals) / max(sum(signals[: len(noise[i])]), 1e-30)
+        return sum(noise[i]) * sum(power) / max(sum(power[: len(noise[i])]), 1e-30)
 
     best = math.inf
     for i in sorted(range(count), key=lambda i: noise[i][0]):  # the likely winner sets the bound
-        while len(noise[i]) < len(signals):
+        while len(noise[i]) < len(power):
             if not exhaustive and (sum(noise[i]) > best or estimate(i) > MARGIN * best):
                 break
-            noise[i].append(noise_of(i, len(noise[i])))
-        if len(noise[i]) == len(signals):
+            noise[i].append(noise_of(i, order[len(noise[i])]))
+        if len(noise[i]) == len(power):
             best = min(best, sum(noise[i]))
     return [estimate(i) for i in range(count)]

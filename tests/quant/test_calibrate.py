@@ -361,3 +361,31 @@ def test_ranges_are_memoized(monkeypatch):
     calibration.ranges("max")["t"] = (0.0, 0.0)  # a returned dict is the caller's to change
     assert calibration.ranges("max") == {"t": (-3.0, 2.0)}
     assert calls == ["max"]
+
+
+def _bin_by_bin_divergence(hist: np.ndarray, clip: int, target: int) -> float:
+    """KL(P || Q) of one clip, bin by bin, as TensorRT's search writes it (the closed form's reference)."""
+    kept = hist[:clip].copy()
+    reference = kept.copy()
+    reference[-1] += hist[clip:].sum()
+    group = (np.arange(clip) * target) // clip
+    nonzero = kept > 0
+    mass = np.bincount(group, weights=kept, minlength=target)
+    count = np.bincount(group, weights=nonzero, minlength=target)
+    q = np.where(nonzero, mass[group] / np.maximum(count[group], 1.0), 0.0)
+    p, q = reference / reference.sum(), q / q.sum()
+    mask = p > 0
+    return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], 1e-10))))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("target", [3, 16])
+def test_the_closed_form_divergences_equal_the_bin_by_bin_ones(seed, target):
+    from autotune.quant.calibrate import _kl_divergences
+
+    rng = np.random.default_rng(seed)
+    hist = rng.exponential(1.0, 200) * (rng.random(200) < 0.6)  # empty bins, including some last bins
+    hist[0] = 1.0
+    clips = np.arange(target, 201)
+    expected = [_bin_by_bin_divergence(hist, int(clip), target) for clip in clips]
+    np.testing.assert_allclose(_kl_divergences(hist, clips, target), expected, rtol=1e-9, atol=1e-12)

@@ -370,7 +370,8 @@ def test_every_error_equals_that_of_the_whole_model_with_only_that_layer_in_int8
     for name, errors in chosen.errors.items():
         for method, error in errors.items():
             expected = _whole_model_error(loaded, name, method, calibration, data, chosen.channel_ranges, output_index)
-            assert error == pytest.approx(expected, rel=1e-6), (name, method)
+            # The part after the layer runs optimized (FP32 rounding: a few parts per million of the error).
+            assert error == pytest.approx(expected, rel=1e-4), (name, method)
             measured += 1
     assert measured >= 2 * len(loaded.layers)
 
@@ -400,7 +401,7 @@ def _counting_sessions(monkeypatch) -> list[int]:
             runs[0] += 1
             return self.session.run(*args, **kwargs)
 
-    monkeypatch.setattr(probe, "session", lambda model: Counting(make(model)))
+    monkeypatch.setattr(probe, "session", lambda model, **options: Counting(make(model, **options)))
     return runs
 
 

@@ -16,6 +16,7 @@ from autotune.quant.probe import (
     _value_info,
     downstream_model,
     find_cut,
+    race,
     session,
     side_by_side,
     single_layer_model,
@@ -141,3 +142,48 @@ def test_probe_sessions_run_the_nodes_as_written():
     options = session(tiny_mlp(), threads=1).get_session_options()
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     assert options.intra_op_num_threads == 1
+
+
+def test_downstream_sessions_run_optimized_and_agree_with_the_nodes_as_written(mlp):
+    optimized = session(mlp.proto, optimize=True)
+    assert optimized.get_session_options().graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    feed = {"x": np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)}
+    as_written = session(mlp.proto).run(None, feed)[0]
+    np.testing.assert_allclose(optimized.run(None, feed)[0], as_written, rtol=1e-5, atol=1e-6)
+
+
+def _scripted(noise: list[list[float]]):
+    """A ``noise_of`` that reads a table and records which (candidate, batch) it was asked for."""
+    asked = []
+
+    def noise_of(candidate: int, batch: int) -> float:
+        asked.append((candidate, batch))
+        return noise[candidate][batch]
+
+    return noise_of, asked
+
+
+def test_the_race_keeps_the_candidate_best_over_all_batches_when_a_weak_batch_ranks_them_otherwise():
+    # Batch 0 carries 1 % of the output power. On it, candidate 1 looks 10x better than candidate 0 (NSR 0.001
+    # against 0.01), on every other batch 5x worse: in total candidate 0 is 5x better.
+    signals = [1.0, 100.0, 100.0, 100.0]
+    noise = [[0.01, 0.1, 0.1, 0.1], [0.001, 0.5, 0.5, 0.5]]
+    noise_of, asked = _scripted(noise)
+    totals = race(2, noise_of, signals, exhaustive=False)
+    assert totals[0] == pytest.approx(sum(noise[0]))  # the winner's total is exact
+    assert totals[1] > totals[0]
+    assert len(asked) < 8  # the loser stopped early
+
+
+def test_the_race_runs_the_batches_with_the_most_output_power_first():
+    noise_of, asked = _scripted([[1.0, 1.0, 1.0], [9.0, 9.0, 9.0]])
+    race(2, noise_of, [1.0, 5.0, 3.0], exhaustive=False)
+    assert [batch for candidate, batch in asked if candidate == 0] == [1, 2, 0]
+    assert asked[0][1] == asked[1][1] == 1  # every candidate starts on the strongest batch
+
+
+def test_an_exhaustive_race_gives_every_total_exactly():
+    noise = [[0.01, 0.1, 0.1, 0.1], [0.001, 0.5, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2]]
+    noise_of, asked = _scripted(noise)
+    assert race(3, noise_of, [1.0, 100.0, 100.0, 100.0], exhaustive=True) == pytest.approx([sum(n) for n in noise])
+    assert len(asked) == 12
