@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypedDict, Unpack
 
 import numpy as np
 
@@ -212,14 +213,24 @@ def _runs_per_sample(one_run_ms: float, min_sample_ms: float) -> int:
     return min(MAX_RUNS_PER_SAMPLE, math.ceil(min_sample_ms / max(one_run_ms, 1e-6) - 1e-9))
 
 
+class Timing(TypedDict, total=False):
+    """How a measurement reads time and the machine: what :func:`interleaved` and :func:`side_by_side` take.
+
+    Attributes:
+        clock: Seconds (default ``time.perf_counter``); injectable for tests.
+        self_timed: The runners return their own elapsed milliseconds (e.g. GPU events) and ``clock`` is unused.
+        pace: The process's reference pace; absent or None: a fresh one (the measurement settles on its own).
+        sampler: Reads how busy the machine is; absent or None: one of this process on its usable cores.
+    """
+
+    clock: Callable[[], float]
+    self_timed: bool
+    pace: ReferencePace | None
+    sampler: Sampler | None
+
+
 def interleaved(
-    candidate: Callable[[], object],
-    reference: Callable[[], object],
-    protocol: Protocol,
-    clock: Callable[[], float] = time.perf_counter,
-    self_timed: bool = False,
-    pace: ReferencePace | None = None,
-    sampler: Sampler | None = None,
+    candidate: Callable[[], object], reference: Callable[[], object], protocol: Protocol, **timing: Unpack[Timing]
 ) -> Latency:
     """Times the candidate and the reference alternately, so machine drift hits both alike.
 
@@ -227,25 +238,19 @@ def interleaved(
         candidate: Runs the candidate once.
         reference: Runs the reference once.
         protocol: Warm-up, repeats and rounds.
-        clock: Seconds; injectable for tests.
-        self_timed: The runners return their own elapsed milliseconds (e.g. GPU events) and ``clock`` is unused.
-        pace: The process's reference pace; None: a fresh one (the measurement settles on its own).
-        sampler: Reads how busy the machine is; None: one of this process on its usable cores.
+        **timing: The clock, whether the runners time themselves, the pace and the sampler (:class:`Timing`).
 
     Returns:
         Medians and IQRs of both sides, over the quiet rounds.
     """
-    return _rounds([reference, candidate], lambda _: [0, 1], protocol, clock, self_timed, pace, sampler)[0]
+    return _rounds([reference, candidate], lambda _: [0, 1], protocol, timing)[0]
 
 
 def side_by_side(
     candidates: Sequence[Callable[[], object]],
     reference: Callable[[], object],
     protocol: Protocol,
-    clock: Callable[[], float] = time.perf_counter,
-    self_timed: bool = False,
-    pace: ReferencePace | None = None,
-    sampler: Sampler | None = None,
+    **timing: Unpack[Timing],
 ) -> list[Latency]:
     """Times several candidates and the reference in turn within every round, the order rotating each round.
 
@@ -260,10 +265,7 @@ def side_by_side(
         candidates: Each runs one candidate once.
         reference: Runs the reference once.
         protocol: Warm-up (after every switch), repeats and rounds.
-        clock: Seconds; injectable for tests.
-        self_timed: The runners return their own elapsed milliseconds and ``clock`` is unused.
-        pace: The process's reference pace; None: a fresh one (the measurement settles on its own).
-        sampler: Reads how busy the machine is; None: one of this process on its usable cores.
+        **timing: The clock, whether the runners time themselves, the pace and the sampler (:class:`Timing`).
 
     Returns:
         One ``Latency`` per candidate, in order, each against the reference of the same (quiet) rounds.
@@ -274,25 +276,23 @@ def side_by_side(
     def rotated(index: int) -> list[int]:
         return [(index + k) % count for k in range(count)]
 
-    return _rounds(runners, rotated, protocol, clock, self_timed, pace, sampler)
+    return _rounds(runners, rotated, protocol, timing)
 
 
 def _rounds(
     runners: Sequence[Callable[[], object]],
     order: Callable[[int], list[int]],
     protocol: Protocol,
-    clock: Callable[[], float],
-    self_timed: bool,
-    pace: ReferencePace | None,
-    sampler: Sampler | None = None,
+    timing: Timing,
 ) -> list[Latency]:
     """Times ``runners`` (the reference first) round by round in ``order(round)`` until enough rounds count.
 
     Returns:
         A Latency per candidate, over the rounds that count (``_counted``), in the order they were timed.
     """
-    pace = pace if pace is not None else ReferencePace()
-    sampler = sampler if sampler is not None else Sampler()
+    clock, self_timed = timing.get("clock", time.perf_counter), timing.get("self_timed", False)
+    pace, sampler = timing.get("pace"), timing.get("sampler")
+    pace, sampler = pace if pace is not None else ReferencePace(), sampler if sampler is not None else Sampler()
     blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed samples
     runs_per_sample: list[list[int]] = [[] for _ in runners]  # per runner, set at its first round
     round_medians: list[list[float]] = [[] for _ in runners]

@@ -67,52 +67,22 @@ def test_a_graph_with_a_fixed_batch_keeps_it(tmp_path):
     assert draft.data["inputs"][0]["shape"] == [16, 32] and draft.data["metric"] == {"name": "top1"}
 
 
+def _tokens(x_shape=(40, 12, 16), x_dtype=np.float32, mask_samples=40) -> dict[str, np.ndarray]:
+    """Sequence data for ``sequence_model`` (inputs ``x`` and ``mask``), with one thing changed."""
+    return {"x": np.zeros(x_shape, x_dtype), "mask": np.ones((mask_samples, 12), np.int64)}
+
+
 @pytest.mark.parametrize(
     ("arrays", "shapes", "metric", "fragment"),
     [
         ({"x": np.zeros((40, 12, 16), np.float32)}, [], None, "but no ['mask']: save one array per model input"),
-        (
-            {"x": np.zeros((40, 12, 15), np.float32), "mask": np.ones((40, 12), np.int64)},
-            [],
-            None,
-            "resize the data to dimension 2 = 16",
-        ),
-        (
-            {"x": np.zeros((40, 12, 16)), "mask": np.ones((40, 12), np.int64)},
-            [],
-            None,
-            "is float64, the model takes float32: save it with .astype('float32')",
-        ),
-        (
-            {"x": np.zeros((40, 12, 16), np.float32), "mask": np.ones((40, 12), np.int64)},
-            ["x=8x12x17"],
-            None,
-            "does not fit the model's [?, ?, 16]",
-        ),
-        (
-            {"x": np.zeros((40, 12, 16), np.float32), "mask": np.ones((40, 12), np.int64)},
-            ["x=8x10x16"],
-            None,
-            "resize the data or change --shape",
-        ),
-        (
-            {"x": np.zeros((40, 12, 16), np.float32), "mask": np.ones((40, 12), np.int64)},
-            ["x=16x12x16"],
-            None,
-            "48 or more are needed for three splits of a batch of 16",
-        ),
-        (
-            {"x": np.zeros((40, 12, 16), np.float32), "mask": np.ones((40, 12), np.int64)},
-            [],
-            "top1",
-            "add a 'labels' array",
-        ),
-        (
-            {"x": np.zeros((40, 12, 16), np.float32), "mask": np.ones((30, 12), np.int64)},
-            [],
-            None,
-            "different sample counts",
-        ),
+        (_tokens(x_shape=(40, 12, 15)), [], None, "resize the data to dimension 2 = 16"),
+        (_tokens(x_dtype=np.float64), [], None, "is float64, the model takes float32: save it with .astype('float32')"),
+        (_tokens(), ["x=8x12x17"], None, "does not fit the model's [?, ?, 16]"),
+        (_tokens(), ["x=8x10x16"], None, "resize the data or change --shape"),
+        (_tokens(), ["x=16x12x16"], None, "48 or more are needed for three splits of a batch of 16"),
+        (_tokens(), [], "top1", "add a 'labels' array"),
+        (_tokens(mask_samples=30), [], None, "different sample counts"),
     ],
     ids=["missing-input", "wrong-dim", "wrong-dtype", "shape-vs-graph", "shape-vs-data", "too-few", "no-labels",
          "counts"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -416,19 +417,26 @@ def test_fp32_against_itself_reads_1_when_spells_slow_one_runner_at_a_time(seed)
     )
 
 
+def _slowed_by_round(reference_ms: Callable[[int], float], candidate_ms: Callable[[int], float]):
+    """Self-timed reference and candidate runners whose milliseconds depend on the round (the reference runs first)."""
+    rounds = {"n": 0}
+
+    def reference() -> float:
+        rounds["n"] += 1
+        return reference_ms(rounds["n"])
+
+    def candidate() -> float:
+        return candidate_ms(rounds["n"])
+
+    return reference, candidate
+
+
 def test_rounds_in_which_the_process_waited_for_a_core_do_not_count():
     from autotune.measure import side_by_side
 
     # The first six rounds: another process holds a core and slows both runners alike, the candidate a little more
     # (its two threads wait on each other); the per-runner pace alone would accept them, the wait does not.
-    rounds = {"n": 0}
-
-    def reference() -> float:
-        rounds["n"] += 1
-        return 2.0 * (3.0 if rounds["n"] <= 6 else 1.0)
-
-    def candidate() -> float:
-        return 1.0 * (3.3 if rounds["n"] <= 6 else 1.0)
+    reference, candidate = _slowed_by_round(lambda n: 2.0 * (3.0 if n <= 6 else 1.0), lambda n: 3.3 if n <= 6 else 1.0)
 
     sampler = ScriptedSampler(lambda k: 0.4 if k < 6 else 0.0)
     protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=20)
@@ -505,14 +513,9 @@ def test_where_no_round_is_quiet_each_runner_is_timed_by_its_own_fastest_runs():
     # Every round contended; a busy process shares a core with the reference's threads for the first ten rounds and
     # with the candidate's after that (the scheduler keeps a thread where it put it). No round has both fast. Its
     # 6 s of patience end one round after the third back-off: 16 rounds.
-    rounds = {"n": 0}
-
-    def reference() -> float:
-        rounds["n"] += 1
-        return 2.0 * (3.0 if rounds["n"] <= 10 else 1.0)
-
-    def candidate() -> float:
-        return 2.0 * (3.0 if rounds["n"] > 10 else 1.0)
+    reference, candidate = _slowed_by_round(
+        lambda n: 2.0 * (3.0 if n <= 10 else 1.0), lambda n: 2.0 * (3.0 if n > 10 else 1.0)
+    )
 
     sampler = ScriptedSampler(lambda k: 0.6)
     protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=5, busy_patience_s=6.0)

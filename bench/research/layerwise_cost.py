@@ -6,25 +6,24 @@ ONNX Runtime's threads are in-process), wall seconds, seconds per layer and per 
 calibration caches, and how the two agree (same choice per layer; the chosen error's deviation from the earlier
 version's, which is exact for its chosen candidate).
 
-    python bench/research/detector_standins.py yolo runs/standins/yolo
-    python bench/research/layerwise_cost.py runs/standins/yolo --batches 8 --rounds 1
+    python bench/detectors.py --model yolo
+    python bench/research/layerwise_cost.py runs/detectors/yolo --data runs/detectors/yolo/data.npz --batches 4
 
 ``DIR`` holds ``model.onnx`` and ``calib.npz`` (one array per model input, samples first, cut into batches of the
-input's first dimension), as ``bench/research/detector_standins.py`` writes them; ``--data``/``--start`` read
-another file, e.g. ``bench/detectors.py``'s ``data.npz`` (calibration split: its first 8 samples).
+input's first dimension); ``--data``/``--start`` read another file, e.g. ``bench/detectors.py``'s ``data.npz``
+(calibration split: its first 8 samples). The ranges are computed before either version is timed, so this leaves
+out the entropy search (``autotune evaluate CONFIG --plan int8`` with a fresh cache times all of it:
+``bench/results/detectors/layerwise-yolo.txt``).
 
 Results (2026-12-06, 2-core AMD EPYC VM shared with four other sessions, load average 1-11; one round each, old
-first; ORT 1.32), against ``--old cefb98c``:
+first; ORT 1.32), ``bench/detectors.py``'s YOLO-like detector (186 layers then, its calibration split: 4 batches
+of 2 photographs), against ``--old cefb98c``:
 
 - c9b0668 (every candidate one batch, the leader until the standard error of its ratio over the images it ran was
-  within 5 %), YOLO-like stand-in (``detector_standins.py yolo``, 176 layers, 8 batches of 2 x 3 x 320 x 320,
-  smooth random images): 150.5 -> 40.8 CPU s (3.7x; 0.86 -> 0.23 s per layer, 0.20 -> 0.055 s per cached MB of
-  740), 175/176 choices the same (the other a tie), chosen errors within 1 %.
-- c9b0668, ``bench/detectors.py``'s YOLO-like detector (186 layers, its calibration split: 4 batches of 2
-  photographs; ``--data .../data.npz --batches 4``): 63.6 -> 69.3 CPU s (0.92x), 166/186 choices the same, one
-  4.7x worse; chosen errors up to 33x off (64 % at the 90th percentile). Withdrawn.
-- This revision (the race of cefb98c, an allowance from ``budget.minutes``), same detector: 80.9 -> 85.6 CPU s
-  (0.95x, within the machine's noise), 186/186 choices and every chosen error the same.
+  within 5 %): 63.6 -> 69.3 CPU s (0.92x), 166/186 choices the same, one 4.7x worse; chosen errors up to 33x off
+  (64 % at the 90th percentile). Withdrawn.
+- The race of cefb98c with an allowance from ``budget.minutes``: 80.9 -> 85.6 CPU s (0.95x, within the machine's
+  noise), 186/186 choices and every chosen error the same.
 """
 
 from __future__ import annotations

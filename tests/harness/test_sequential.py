@@ -135,7 +135,8 @@ def test_a_plan_far_over_the_budget_stops_early_is_recorded_and_rescored_under_a
         whole = evaluator.measure(int8)  # every batch: what the plan scores without the test
         assert not evaluator.evaluate(fp32).stopped_early
     assert stopped.ok and stopped.speedup > 0 and not whole.stopped_early
-    assert stopped.early_stop["batches"] == 4 and stopped.early_stop["of"] == 8
+    # It stops at a look (4 or 6 of 8 batches: which one depends on the INT8 numbers), not at the end.
+    assert stopped.early_stop["batches"] in (4, 6) and stopped.early_stop["of"] == 8
     assert stopped.early_stop["drop_lower_bound"] > 1e-5 and stopped.accuracy_drop > 1e-5
     assert 0 < stopped.score_s and not meets_budget(stopped, 1e-5)
     assert reward(stopped, tight.reward, 1e-5) == reward_of(stopped.speedup, stopped.accuracy_drop, tight.reward, 1e-5)
