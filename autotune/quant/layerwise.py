@@ -69,7 +69,7 @@ LAYERWISE = "layerwise"
 SMOOTHING = {"smooth-0.5": 0.5, "smooth-0.75": 0.75}
 """SmoothQuant candidates by name: the migration strength ``a`` (0: all on the weight side, 1: all removed)."""
 
-_CACHE_FORMAT = 5
+_CACHE_FORMAT = 6
 
 
 class LayerProbe(Protocol):
@@ -94,10 +94,10 @@ class LayerProbe(Protocol):
         batches: Sequence[Mapping[str, np.ndarray]],
         output_index: int,
     ) -> tuple[list[float], float]:
-        """The summed squared error of the scored output per candidate, and the summed squared FP32 output.
+        """Per candidate, the scored output's noise-to-signal summed over the samples; and how many samples.
 
-        Each candidate is the ranges ``layer`` is quantized with; the sums run over ``batches``, against the FP32
-        model's output on the probe's device.
+        Each candidate is the ranges ``layer`` is quantized with; a sample's noise-to-signal is its squared error
+        over its FP32 output's power (``sample_powers``), on the probe's device, over the samples of ``batches``.
 
         Raises:
             ValueError: The layer cannot be quantized alone here (no module, a missing range).
@@ -137,7 +137,8 @@ class LayerwiseChoices:
     Attributes:
         methods: Layer name to its candidate: a range method, or a key of :data:`SMOOTHING` (max ranges of the
             smoothed input).
-        errors: Layer name to ``{candidate: output error}`` (noise-to-signal power of the model output): exact
+        errors: Layer name to ``{candidate: output error}`` (the model output's noise-to-signal power, the mean
+            over the samples): exact
             for the chosen candidate and every one measured on all the data; a candidate that stopped early
             holds the estimate from the batches it ran, which is above the chosen one's (``probe.race``).
         channel_ranges: Per smoothable input tensor, the per-channel ``(min, max)`` over the calibration data.
@@ -244,15 +245,16 @@ def _layer_errors(
     fp32: probe.Fp32Run,
     exhaustive: bool = False,
 ) -> list[float]:
-    """The model-output noise-to-signal power of each candidate (an estimate for a clear loser, ``probe.race``).
+    """Each candidate's model-output noise-to-signal, the samples' mean (an estimate for a clear loser: ``race``).
 
     Only the layer differs between the single-layer INT8 model and FP32, so the model output is the downstream
     part of the model applied to the layer's quantized output, fed the FP32 values of everything else it reads.
     ``exhaustive`` runs every candidate on every batch.
     """
-    signals = [float(np.square(out, dtype=np.float64).sum()) for out in fp32.reference]
+    powers = [sample_powers(out) for out in fp32.reference]
+    samples = [float(len(power)) for power in powers]
     if not cut.reaches_output:  # the layer cannot move the output: every candidate scores as FP32 does
-        return [_noise_to_signal(0.0, sum(signals))] * len(candidates)
+        return [_noise_to_signal(0.0, sum(samples))] * len(candidates)
     changed, downstream = probe.candidate_outputs(model, layer, cut, recipe, candidates, fp32)
 
     def noise_of(candidate: int, batch: int) -> float:
@@ -260,10 +262,22 @@ def _layer_errors(
         if downstream is not None:
             feeds = {name: fp32.values[batch][name] for name in cut.downstream_inputs}
             out = downstream.run([fp32.output], {cut.target: out, **feeds})[0]
-        return float(np.square(np.asarray(out, np.float64) - fp32.reference[batch]).sum())
+        difference = (np.asarray(out, np.float64) - fp32.reference[batch]).reshape(len(powers[batch]), -1)
+        return float((np.einsum("ij,ij->i", difference, difference) / powers[batch]).sum())
 
-    noise = probe.race(len(candidates), noise_of, signals, exhaustive)
-    return [_noise_to_signal(value, sum(signals)) for value in noise]
+    noise = probe.race(len(candidates), noise_of, samples, exhaustive)
+    return [_noise_to_signal(value, sum(samples)) for value in noise]
+
+
+def sample_powers(output: np.ndarray) -> np.ndarray:
+    """Each sample's FP32 output power (samples on the first axis), floored at a billionth of their mean.
+
+    A layer's error is its samples' mean noise-to-signal, as the metrics weigh samples (the mean cosine, top-1):
+    summed over the batches instead, the samples with the largest outputs decide, and the YOLO-like detector's
+    photographs differ 60x in output power between batches. The floor keeps an all-zero sample from dividing by 0.
+    """
+    power = np.square(np.asarray(output, np.float64).reshape(len(output), -1)).sum(axis=1)
+    return np.maximum(power, 1e-9 * float(power.mean()) or 1e-30)
 
 
 def _probed_errors(
@@ -274,13 +288,13 @@ def _probed_errors(
     batches: Sequence[Mapping[str, np.ndarray]],
     output_index: int,
 ) -> list[float]:
-    """The model-output noise-to-signal of each candidate, measured by ``layer_probe`` on all the batches."""
+    """Each candidate's model-output noise-to-signal (the samples' mean), measured by ``layer_probe`` on all batches."""
     if any(factors is not None for _, factors in candidates):
         raise ValueError(f"{layer_probe.name} probes range methods only, not SmoothQuant")
     if not cut.reaches_output:  # as in _layer_errors: the layer cannot move the scored output
         return [_noise_to_signal(0.0, 1.0)] * len(candidates)
-    noise, signal = layer_probe.noise(layer, [ranges for ranges, _ in candidates], batches, output_index)
-    return [_noise_to_signal(value, signal) for value in noise]
+    noise, samples = layer_probe.noise(layer, [ranges for ranges, _ in candidates], batches, output_index)
+    return [_noise_to_signal(value, samples) for value in noise]
 
 
 def _noise_to_signal(noise: float, signal: float) -> float:
@@ -374,8 +388,8 @@ def choose_layer_methods(
 ) -> LayerwiseChoices:
     """Quantizes each layer alone to INT8 with each candidate and keeps the least harmful one.
 
-    The error is the noise-to-signal power ratio of the model output against FP32 on ``batches`` (the
-    calibration data: no labels needed, and the evaluation data stays unseen). Runs on ONNX Runtime's CPU (the
+    The error is the model output's noise-to-signal power against FP32, the mean over the samples of ``batches``
+    (the calibration data: no labels needed, and the evaluation data stays unseen). Runs on ONNX Runtime's CPU (the
     Q/DQ graphs are the same numbers wherever they run) unless a ``layer_probe`` runs it on the backend's device.
     On the CPU, one FP32 run caches what every layer reads; then, per layer, one probe session computes all its
     candidates and only the model downstream of the layer runs per candidate (see ``autotune/quant/probe.py``),

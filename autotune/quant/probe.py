@@ -370,39 +370,34 @@ def candidate_outputs(
     return changed, downstream
 
 
-def race(count: int, noise_of: Callable[[int, int], float], signals: Sequence[float], exhaustive: bool) -> list[float]:
+def race(count: int, noise_of: Callable[[int, int], float], weights: Sequence[float], exhaustive: bool) -> list[float]:
     """Each candidate's total noise over the batches, or its extrapolation once it clearly cannot win.
 
-    The batches run largest FP32 output power first. Every candidate runs the first; the best of them then runs
-    them all, and each other candidate stops once its noise exceeds the best's total (it cannot win) or its
-    noise-to-signal so far exceeds the best's by :data:`MARGIN`; it then holds that estimate, which stays above
-    the best.
-
-    The order matters where the batches' output power differs: on the YOLO-like detector's photographs the first
-    batch carried 1/60 of the others' power and ranked the candidates otherwise than the total, so the race kept
-    another candidate than the exhaustive comparison in 41 of 72 layers (up to 4x its error). Largest first, the
-    batches that decide the total also decide who runs: 72 of 72 the same, in 11 % fewer downstream runs.
+    The batches that weigh most run first (``weights``: what each batch holds of the total, e.g. its samples).
+    Every candidate runs the first; the best of them then runs them all, and each other candidate stops once its
+    noise exceeds the best's total (it cannot win) or its noise per weight so far exceeds the best's by
+    :data:`MARGIN`; it then holds that estimate, which stays above the best.
 
     Args:
         count: How many candidates.
         noise_of: The noise of candidate ``i`` on batch ``b``: ``noise_of(i, b)``.
-        signals: The FP32 output power per batch.
+        weights: Each batch's share of the total; an estimate extrapolates by them.
         exhaustive: Run every candidate on every batch (every total exact).
     """
-    order = sorted(range(len(signals)), key=lambda b: -signals[b])
-    power = [signals[b] for b in order]
+    order = sorted(range(len(weights)), key=lambda b: -weights[b])
+    weight = [weights[b] for b in order]
     noise: list[list[float]] = [[noise_of(i, order[0])] for i in range(count)]
 
     def estimate(i: int) -> float:
-        """The total noise of candidate ``i`` at its noise-to-signal ratio so far (exact once complete)."""
-        return sum(noise[i]) * sum(power) / max(sum(power[: len(noise[i])]), 1e-30)
+        """The total noise of candidate ``i`` at its noise per weight so far (exact once complete)."""
+        return sum(noise[i]) * sum(weight) / max(sum(weight[: len(noise[i])]), 1e-30)
 
     best = math.inf
     for i in sorted(range(count), key=lambda i: noise[i][0]):  # the likely winner sets the bound
-        while len(noise[i]) < len(power):
+        while len(noise[i]) < len(weight):
             if not exhaustive and (sum(noise[i]) > best or estimate(i) > MARGIN * best):
                 break
             noise[i].append(noise_of(i, order[len(noise[i])]))
-        if len(noise[i]) == len(power):
+        if len(noise[i]) == len(weight):
             best = min(best, sum(noise[i]))
     return [estimate(i) for i in range(count)]

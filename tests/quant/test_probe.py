@@ -163,19 +163,19 @@ def _scripted(noise: list[list[float]]):
     return noise_of, asked
 
 
-def test_the_race_keeps_the_candidate_best_over_all_batches_when_a_weak_batch_ranks_them_otherwise():
-    # Batch 0 carries 1 % of the output power. On it, candidate 1 looks 10x better than candidate 0 (NSR 0.001
-    # against 0.01), on every other batch 5x worse: in total candidate 0 is 5x better.
-    signals = [1.0, 100.0, 100.0, 100.0]
+def test_the_race_keeps_the_candidate_best_over_all_batches_when_a_light_batch_ranks_them_otherwise():
+    # Batch 0 weighs 1 % of the others. On it, candidate 1 looks 10x better than candidate 0 (0.001 against 0.01
+    # per weight), on every other batch 5x worse: in total candidate 0 is 5x better.
+    weights = [1.0, 100.0, 100.0, 100.0]
     noise = [[0.01, 0.1, 0.1, 0.1], [0.001, 0.5, 0.5, 0.5]]
     noise_of, asked = _scripted(noise)
-    totals = race(2, noise_of, signals, exhaustive=False)
+    totals = race(2, noise_of, weights, exhaustive=False)
     assert totals[0] == pytest.approx(sum(noise[0]))  # the winner's total is exact
     assert totals[1] > totals[0]
     assert len(asked) < 8  # the loser stopped early
 
 
-def test_the_race_runs_the_batches_with_the_most_output_power_first():
+def test_the_race_runs_the_batches_that_weigh_most_first():
     noise_of, asked = _scripted([[1.0, 1.0, 1.0], [9.0, 9.0, 9.0]])
     race(2, noise_of, [1.0, 5.0, 3.0], exhaustive=False)
     assert [batch for candidate, batch in asked if candidate == 0] == [1, 2, 0]

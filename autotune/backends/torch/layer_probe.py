@@ -229,7 +229,10 @@ class TorchLayerProbe:
         batches: Sequence[Mapping[str, np.ndarray]],
         output_index: int,
     ) -> tuple[list[float], float]:
-        """Per candidate, the summed squared error of the scored output; and the summed squared FP32 output.
+        """Per candidate, the scored output's noise-to-signal summed over the samples; and how many samples.
+
+        A sample's noise-to-signal is its squared error over its FP32 output's power, floored as
+        ``autotune.quant.layerwise.sample_powers`` floors it.
 
         Raises:
             ValueError: The layer has no module, its module is not an ``nn.Linear``, or a candidate lacks the
@@ -251,7 +254,8 @@ class TorchLayerProbe:
         noise = []
         replay = self.replay
         with torch.no_grad(), replay.replaying(replay.skipped(path)):
-            signal = float(sum(torch.square(out.double()).sum() for out in references))
+            powers = [_sample_powers(out) for out in references]
+            samples = float(sum(len(power) for power in powers))
             for ranges in candidates:
                 if tensor not in ranges:
                     raise ValueError(f"no calibrated range for {tensor!r}, the input of {layer.name}")
@@ -263,8 +267,17 @@ class TorchLayerProbe:
                 try:
                     for index, (feeds, ref) in enumerate(zip(inputs, references, strict=True)):
                         replay.at_batch(index)
-                        total += float(torch.square(self._output(feeds, output_index).double() - ref.double()).sum())
+                        error = (self._output(feeds, output_index).double() - ref.double()).reshape(len(ref), -1)
+                        total += float((torch.square(error).sum(dim=1) / powers[index]).sum())
                 finally:
                     _swap(self.module, path, original)
                 noise.append(total)
-        return noise, signal
+        return noise, samples
+
+
+def _sample_powers(output: Any) -> Any:
+    """Each sample's output power (a float64 tensor), floored as ``autotune.quant.layerwise.sample_powers``."""
+    import torch
+
+    power = torch.square(output.double().reshape(len(output), -1)).sum(dim=1)
+    return torch.clamp(power, min=1e-9 * float(power.mean()) or 1e-30)
