@@ -574,3 +574,12 @@ def test_the_allowance_defaults_the_layers_it_did_not_reach_and_a_later_call_mea
     partial = layerwise._with_defaults(["a", "b", "c", "d"], errors, {}, ("max", "percentile", "smooth-0.5"), 1.0)
     assert partial.methods == {"a": "percentile", "b": "percentile", "c": "max", "d": "percentile"}
     assert partial.defaulted == ("d",)
+
+
+def test_sample_powers_are_per_sample_and_an_all_zero_sample_is_floored():
+    output = np.zeros((3, 2, 2), np.float32)
+    output[0] = 1.0
+    output[1] = 2.0
+    powers = layerwise.sample_powers(output)
+    assert powers[:2].tolist() == [4.0, 16.0]
+    assert 0 < powers[2] <= 1e-8 * 20.0 / 3
