@@ -34,12 +34,17 @@ from autotune.store import TrialStore
 from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 
 
-def confirm(evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: int | None = None) -> list[TrialResult]:
-    """Confirms each plan once per run (a resumed run reuses earlier confirmations); the new ones side by side."""
+def confirm(
+    evaluator: Evaluator, store: TrialStore, plans: list[Plan], rounds: int | None = None, stop_at: float | None = None
+) -> list[TrialResult]:
+    """Confirms each plan once per run (a resumed run reuses earlier confirmations); the new ones side by side.
+
+    ``stop_at``: the wall time by which the timing stops (``Protocol.stop_at``), None: none.
+    """
     done = {**store.confirmations(), **{r.plan_hash: r for r in store.references().values()}}
     fresh = [plan for plan in plans if plan.hash not in done]
     if fresh:
-        done.update((result.plan_hash, result) for result in evaluator.confirm_side_by_side(fresh, rounds))
+        done.update((r.plan_hash, r) for r in evaluator.confirm_side_by_side(fresh, rounds, stop_at))
     return [done[plan.hash] for plan in plans]
 
 
@@ -116,7 +121,7 @@ def confirm_finalists(
     rounds = None if size.rounds == confirm_config.rounds else size.rounds
     finalists = [*order[: size.finalists], fp32]
     one_liners = list(one_liners)[: size.references]
-    confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds)[: len(finalists)]
+    confirmed = confirm(evaluator, store, [*finalists, *one_liners], rounds, size.stop_at)[: len(finalists)]
     confirmed = check_confirmation_timing(
         evaluator, store, confirm_config, confirmed, fp32, one_liners, rounds, size.spare
     )

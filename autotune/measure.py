@@ -62,6 +62,9 @@ class Protocol:
             threads may use (``/proc/stat``, read over at least ``SHARE_MIN_S``): beside any other busy process,
             even at ``nice 19`` and with no run-queue wait, a two-thread INT8 session ran 1.5x slower where FP32
             ran 1.2x slower, so the ratio read 23 % low in rounds that looked clear. None: not checked.
+        stop_at: The wall time (``time.time()``) after which no more rounds are timed: a run's time limit
+            (``budget.minutes``). Reached with fewer quiet rounds than ``rounds``, the quiet ones count, or, with
+            none, each runner's fastest runs, as when the patience runs out. None: no limit.
     """
 
     warmup: int = 2
@@ -74,6 +77,7 @@ class Protocol:
     busy_patience_s: float = 5.0
     min_sample_ms: float = 0.0
     busy_others: float | None = None
+    stop_at: float | None = None
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -317,13 +321,16 @@ def _rounds(
         own = shares.settled(now, len(readings)) if counted is not None and counted[1] else True
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
             counted = None if own is None or len(readings) < limit else ([], False)
+        out_of_time = protocol.stop_at is not None and time.time() >= protocol.stop_at
+        if counted is None and out_of_time:
+            counted = _quiet_so_far(np.array(round_medians), clear, protocol, pace)
         if counted is None and limit > protocol.round_limit and waited_out_s >= protocol.busy_patience_s:
             counted = ([], False)  # the patience ran out in the rounds after a back-off: stop there, not at the limit
         if counted is None:
             continue
         contended = not all(clear)
-        if counted[1] or waited_out_s >= protocol.busy_patience_s or not contended:
-            break  # quiet; out of patience; or no other process to wait out (a noisy pace is no reason to wait)
+        if counted[1] or out_of_time or waited_out_s >= protocol.busy_patience_s or not contended:
+            break  # quiet; out of time or patience; or no other process to wait out (a noisy pace is no reason)
         waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
@@ -454,6 +461,16 @@ def _counted(
     if timed < limit:
         return None
     return [], False
+
+
+def _quiet_so_far(
+    medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace
+) -> tuple[list[int], bool]:
+    """The quiet rounds timed so far, where time ran out before ``protocol.rounds`` of them (``Protocol.stop_at``)."""
+    quiet = _quiet_rounds(
+        medians, [i for i in range(medians.shape[1]) if clear[i]], protocol.quiet_band, pace.fastest_ms
+    )
+    return (quiet, True) if quiet else ([], False)
 
 
 def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, reference_fastest_ms: float) -> list[int]:

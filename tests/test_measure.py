@@ -652,3 +652,21 @@ def test_a_real_process_at_nice_19_on_our_cores_makes_the_measurement_say_the_ma
             competitor.wait()
     assert latency.busy.others is not None and latency.busy.others > 0.1
     assert latency.busy.shared
+
+
+def test_a_measurement_past_its_stop_time_ends_with_the_quiet_rounds_it_has():
+    protocol = Protocol(warmup=0, repeats=1, rounds=4, settle_s=0.0, max_rounds=50, busy_patience_s=5.0)
+    reference, candidate = _slowed_by_round(lambda n: 2.0, lambda n: 1.0)
+    timed = interleaved(candidate, reference, replace(protocol, stop_at=time.time() - 1.0), self_timed=True)
+    assert timed.busy.rounds == 1 and timed.busy.quiet and timed.round_speedups == pytest.approx((2.0,))
+    # Without a stop time the same measurement times its four rounds.
+    assert interleaved(candidate, reference, protocol, self_timed=True).busy.rounds == 4
+
+
+def test_a_measurement_past_its_stop_time_without_a_quiet_round_times_each_runner_by_its_fastest_runs():
+    # Every round waited for a core: none counts, and the stop ends the measurement before any back-off.
+    sampler = ScriptedSampler(lambda k: 0.6)
+    protocol = Protocol(warmup=0, repeats=1, rounds=4, settle_s=0.0, max_rounds=50, stop_at=time.time() - 1.0)
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
+    assert latency.busy.rounds == 1 and not latency.busy.quiet and sampler.backed_off == []
+    assert latency.speedup == pytest.approx(2.0)

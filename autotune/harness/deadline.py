@@ -132,6 +132,9 @@ class ConfirmationSize:
         spare: Time is left for a second, wider confirmation where the self-check asks for one, and for more
             finalists where none met the budget.
         note: One line for the user when the confirmation was cut to fit, else None.
+        stop_at: The wall time (the deadline's clock, ``time.time``) by which its timing stops, whatever the rounds
+            (``Protocol.stop_at``): the run's end less the export. The costs are estimates from the trials; a
+            detector's confirmation took a quarter longer than its estimate, past the run's end. None: no limit.
     """
 
     finalists: int
@@ -139,6 +142,7 @@ class ConfirmationSize:
     rounds: int
     spare: bool
     note: str | None = None
+    stop_at: float | None = None
 
 
 class RunDeadline:
@@ -190,11 +194,12 @@ class RunDeadline:
         if costs is None or math.isinf(left):
             return ConfirmationSize(top_k, references, rounds, spare=True)
         spare = costs.confirmation_s(top_k + references, 2 * rounds, runs_per_round) <= left
+        stop_at = self.clock() + left - EXPORT_SHARE * costs.prepare_s
         for finalists, kept, kept_rounds in _smaller(top_k, references, rounds):
             if costs.confirmation_s(finalists + kept, kept_rounds, runs_per_round) <= left:
                 cut = (finalists, kept, kept_rounds) != (top_k, references, rounds)
                 note = _cut_note(left, (top_k, references, rounds), (finalists, kept, kept_rounds)) if cut else None
-                return ConfirmationSize(finalists, kept, kept_rounds, spare and not cut, note)
+                return ConfirmationSize(finalists, kept, kept_rounds, spare and not cut, note, stop_at)
         return ConfirmationSize(
             0, 0, 0, spare=False, note=_none_fits(left, costs.confirmation_s(1, MIN_CONFIRM_ROUNDS, runs_per_round))
         )

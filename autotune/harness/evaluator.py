@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,9 @@ class Evaluator:
         """Re-measures a finalist on held-out data with the longer confirmation protocol, and stores it."""
         return self.confirm_side_by_side([plan])[0]
 
-    def confirm_side_by_side(self, plans: Sequence[Plan], rounds: int | None = None) -> list[TrialResult]:
+    def confirm_side_by_side(
+        self, plans: Sequence[Plan], rounds: int | None = None, stop_at: float | None = None
+    ) -> list[TrialResult]:
         """Re-measures finalists on held-out data with the confirmation protocol, all in the same rounds; stores them.
 
         Confirmed one after another, the same MiniLM plan moved by up to 20 % between passes minutes apart, more
@@ -233,10 +236,10 @@ class Evaluator:
         Args:
             plans: The plans to confirm.
             rounds: Rounds instead of ``confirm.rounds`` (more where the run's timing self-check read noise).
+            stop_at: The wall time by which the timing stops, whatever the rounds (``Protocol.stop_at``).
         """
-        results = self.measure_side_by_side(
-            plans, "holdout", confirmation_protocol(self.config.measure, self.config.confirm, rounds)
-        )
+        protocol = replace(confirmation_protocol(self.config.measure, self.config.confirm, rounds), stop_at=stop_at)
+        results = self.measure_side_by_side(plans, "holdout", protocol)
         for plan, result in zip(plans, results, strict=True):
             if plan.reference is not None:
                 self.store.put_reference(result)

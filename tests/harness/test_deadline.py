@@ -3,6 +3,7 @@ import math
 import pytest
 
 from autotune.harness.deadline import (
+    EXPORT_SHARE,
     MIN_CONFIRM_ROUNDS,
     UNKNOWN_RESERVE_SHARE,
     ConfirmationSize,
@@ -101,6 +102,15 @@ def test_a_confirmation_gives_up_finalists_first_then_one_liners_then_rounds():
     fewest = deadline.size_confirmation(costs, 5, 2, 8, 12)
     assert (fewest.finalists, fewest.references, fewest.rounds) == (1, 0, MIN_CONFIRM_ROUNDS)
     assert "3 of 8 rounds" in fewest.note
+
+
+def test_the_confirmation_stops_timing_at_the_runs_end_less_the_export():
+    costs = TrialCosts(prepare_s=2.0, run_ms=10.0, reference_ms=10.0, rounds_inflation=1.0)
+    now, deadline = _clock()
+    now[0] += 20.0
+    size = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    # The run started at 1000 with 60 s: its timing stops at 1060 less the export's share of a build.
+    assert size.stop_at == pytest.approx(1060.0 - EXPORT_SHARE * 2.0)
 
 
 def test_with_no_time_for_one_finalist_fp32_alone_is_confirmed_and_the_run_says_why():

@@ -40,7 +40,7 @@ class ScriptedEvaluator:
         self.calls.append(("measure", None))
         return _result(plan, self.fp32_rounds.pop(0))
 
-    def confirm_side_by_side(self, plans, rounds=None):
+    def confirm_side_by_side(self, plans, rounds=None, stop_at=None):
         self.calls.append(("confirm", rounds))
         fp32 = self.fp32_rounds.pop(0)
         return [_result(p, fp32) if p == FP32 else _result(p, [1.5] * len(fp32), 0.001) for p in plans]
