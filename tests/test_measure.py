@@ -120,7 +120,7 @@ def test_speedup_property():
 
 def test_protocol_to_dict_and_defaults():
     defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1, "busy_patience_s": 5.0}
-    defaults.update(min_sample_ms=0.0, busy_others=None)
+    defaults.update(min_sample_ms=0.0, busy_others=None, stop_at=None)
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
