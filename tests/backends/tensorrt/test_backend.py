@@ -94,7 +94,7 @@ def test_default_time_run_times_run_and_the_protocol_uses_returned_ms():
 
     samples = iter([9.0, 1.0, 2.0, 3.0, 9.0, 4.0, 5.0, 6.0])  # warm-up values are never used
     protocol = Protocol(warmup=1, repeats=3, rounds=1, quiet_band=None, settle_s=0.0, busy_wait=None)
-    latency = interleaved(lambda: next(samples), lambda: next(samples), protocol, clock, self_timed=True)
+    latency = interleaved(lambda: next(samples), lambda: next(samples), protocol, clock=clock, self_timed=True)
     assert (latency.reference_median_ms, latency.median_ms) == (2.0, 5.0) and calls == []
 
 
