@@ -194,7 +194,7 @@ class RunDeadline:
         if costs is None or math.isinf(left):
             return ConfirmationSize(top_k, references, rounds, spare=True)
         spare = costs.confirmation_s(top_k + references, 2 * rounds, runs_per_round) <= left
-        stop_at = self.clock() + left - EXPORT_SHARE * costs.prepare_s
+        stop_at = self.started + self.total_s - EXPORT_SHARE * costs.prepare_s  # the run's end, less the export
         for finalists, kept, kept_rounds in _smaller(top_k, references, rounds):
             if costs.confirmation_s(finalists + kept, kept_rounds, runs_per_round) <= left:
                 cut = (finalists, kept, kept_rounds) != (top_k, references, rounds)

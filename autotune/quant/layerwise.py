@@ -97,7 +97,7 @@ class LayerProbe(Protocol):
         """Per candidate, the scored output's noise-to-signal summed over the samples; and how many samples.
 
         Each candidate is the ranges ``layer`` is quantized with; a sample's noise-to-signal is its squared error
-        over its FP32 output's power (``sample_powers``), on the probe's device, over the samples of ``batches``.
+        over its FP32 output's power (``probe.sample_powers``), on the probe's device, over the samples of ``batches``.
 
         Raises:
             ValueError: The layer cannot be quantized alone here (no module, a missing range).
@@ -251,7 +251,7 @@ def _layer_errors(
     part of the model applied to the layer's quantized output, fed the FP32 values of everything else it reads.
     ``exhaustive`` runs every candidate on every batch.
     """
-    powers = [sample_powers(out) for out in fp32.reference]
+    powers = fp32.powers
     samples = [float(len(power)) for power in powers]
     if not cut.reaches_output:  # the layer cannot move the output: every candidate scores as FP32 does
         return [_noise_to_signal(0.0, sum(samples))] * len(candidates)
@@ -267,17 +267,6 @@ def _layer_errors(
 
     noise = probe.race(len(candidates), noise_of, samples, exhaustive)
     return [_noise_to_signal(value, sum(samples)) for value in noise]
-
-
-def sample_powers(output: np.ndarray) -> np.ndarray:
-    """Each sample's FP32 output power (samples on the first axis), floored at a billionth of their mean.
-
-    A layer's error is its samples' mean noise-to-signal, as the metrics weigh samples (the mean cosine, top-1):
-    summed over the batches instead, the samples with the largest outputs decide, and the YOLO-like detector's
-    photographs differ 60x in output power between batches. The floor keeps an all-zero sample from dividing by 0.
-    """
-    power = np.square(np.asarray(output, np.float64).reshape(len(output), -1)).sum(axis=1)
-    return np.maximum(power, 1e-9 * float(power.mean()) or 1e-30)
 
 
 def _probed_errors(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import onnx
@@ -306,6 +307,22 @@ class Fp32Run:
     reference: Sequence[np.ndarray]
     values: Sequence[Mapping[str, np.ndarray]]
     channels: dict[str, tuple[list[float], list[float]]]
+
+    @cached_property
+    def powers(self) -> list[np.ndarray]:
+        """Per batch, each sample's output power (:func:`sample_powers`): once per run, not once per layer."""
+        return [sample_powers(out) for out in self.reference]
+
+
+def sample_powers(output: np.ndarray) -> np.ndarray:
+    """Each sample's FP32 output power (samples on the first axis), floored at a billionth of their mean.
+
+    A layer's error is its samples' mean noise-to-signal, as the metrics weigh samples (the mean cosine, top-1):
+    summed over the batches instead, the samples with the largest outputs decide, and the YOLO-like detector's
+    photographs differ 60x in output power between batches. The floor keeps an all-zero sample from dividing by 0.
+    """
+    power = np.square(np.asarray(output, np.float64).reshape(len(output), -1)).sum(axis=1)
+    return np.maximum(power, 1e-9 * float(power.mean()) or 1e-30)
 
 
 def fp32_pass(

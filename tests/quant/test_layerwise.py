@@ -580,6 +580,6 @@ def test_sample_powers_are_per_sample_and_an_all_zero_sample_is_floored():
     output = np.zeros((3, 2, 2), np.float32)
     output[0] = 1.0
     output[1] = 2.0
-    powers = layerwise.sample_powers(output)
+    powers = probe.sample_powers(output)
     assert powers[:2].tolist() == [4.0, 16.0]
     assert 0 < powers[2] <= 1e-8 * 20.0 / 3

@@ -25,6 +25,7 @@ import numpy as np
 from autotune.backends.torch.modules import activation_scale
 from autotune.backends.torch.runtime import flatten_outputs
 from autotune.backends.torch.wrappers import wrappers
+from autotune.quant.probe import sample_powers
 
 if TYPE_CHECKING:
     from autotune.model import Layer
@@ -231,8 +232,8 @@ class TorchLayerProbe:
     ) -> tuple[list[float], float]:
         """Per candidate, the scored output's noise-to-signal summed over the samples; and how many samples.
 
-        A sample's noise-to-signal is its squared error over its FP32 output's power, floored as
-        ``autotune.quant.layerwise.sample_powers`` floors it.
+        A sample's noise-to-signal is its squared error over its FP32 output's power
+        (``autotune.quant.probe.sample_powers``).
 
         Raises:
             ValueError: The layer has no module, its module is not an ``nn.Linear``, or a candidate lacks the
@@ -254,7 +255,10 @@ class TorchLayerProbe:
         noise = []
         replay = self.replay
         with torch.no_grad(), replay.replaying(replay.skipped(path)):
-            powers = [_sample_powers(out) for out in references]
+            # One floor and one measure with the ONNX probes: the numpy powers, moved to the device once per layer.
+            powers = [
+                torch.as_tensor(sample_powers(out.double().cpu().numpy()), device=out.device) for out in references
+            ]
             samples = float(sum(len(power) for power in powers))
             for ranges in candidates:
                 if tensor not in ranges:
@@ -273,11 +277,3 @@ class TorchLayerProbe:
                     _swap(self.module, path, original)
                 noise.append(total)
         return noise, samples
-
-
-def _sample_powers(output: Any) -> Any:
-    """Each sample's output power (a float64 tensor), floored as ``autotune.quant.layerwise.sample_powers``."""
-    import torch
-
-    power = torch.square(output.double().reshape(len(output), -1)).sum(dim=1)
-    return torch.clamp(power, min=1e-9 * float(power.mean()) or 1e-30)
