@@ -307,12 +307,14 @@ class MeasureConfig(_Strict):
     """Quiet rounds per measurement: the speedup is the median of their ratios (``autotune.measure``)."""
     quiet_band: float | None = Field(0.05, gt=0)
     """A round counts when its FP32 reference ran within this fraction of the fastest reference round the trial
-    process has timed (in a slow spell of the machine INT8 slows more than FP32, so the ratio itself moves), and no
-    plan in it ran more than 25 % above its own lower quartile of rounds (a spell that slowed one plan alone).
-    None: no pace is checked."""
+    process, or an earlier one on this machine, has timed (in a slow spell of the machine INT8 slows more than FP32,
+    so the ratio itself moves), and no plan in it ran more than 25 % above its own lower quartile of rounds (a spell
+    that slowed one plan alone). None: no pace is checked."""
     settle_s: float = Field(5.0, ge=0)
     """Seconds the trial process times before it trusts its fastest reference round as the machine's quiet pace;
-    the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long."""
+    the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long. The pace earlier
+    processes timed the same reference at on this machine (``cache_dir``/reference_pace.json) counts as well: a
+    process that starts in a slow spell does not take the spell for the machine's pace."""
     max_rounds: int | None = Field(None, ge=1)
     """Rounds after which a measurement backs off (``busy_patience_s``) or stops although fewer than ``rounds``
     were quiet. None: four times ``rounds``."""
@@ -334,7 +336,12 @@ class MeasureConfig(_Strict):
     """Seconds a measurement that found no quiet rounds while another process held the cores may spend past its
     round limit, waiting off the cores (random back-offs of up to 2 s) and timing more rounds after each, before it
     times each plan by its own fastest runs and says the machine was too busy. Without such a process it does not
-    wait."""
+    wait, unless the machine itself ran slow (``spell_patience_s``)."""
+    spell_patience_s: float = Field(15.0, ge=0)
+    """As ``busy_patience_s``, for a measurement whose FP32 reference has not yet run at the pace earlier processes
+    timed it at on this machine while no other process got in the way: a slow spell of the machine itself (a VM's
+    host slowed FP32, and all-INT8 more, for up to 6.6 s at a time). After it, each plan is timed by its fastest
+    runs and the measurement says the machine ran slow."""
 
 
 class BudgetConfig(_Strict):

@@ -173,6 +173,9 @@ class Busy:
         cpus: The cores accounted, as a user reads them (``0-1``).
         quiet: Enough rounds counted; False when the measurement ran out of patience without them and timed
             each runner by its own fastest runs (``_from_floors``): the machine was too busy for a paired ratio.
+        slower_by: Where not quiet because the reference never ran at the pace earlier processes timed it at on
+            this machine: its fastest round's excess over that pace (0.13: 13 % slower), a slow spell of the
+            machine itself. None otherwise.
     """
 
     rounds: int
@@ -182,6 +185,7 @@ class Busy:
     waited: float | None
     cpus: str
     quiet: bool
+    slower_by: float | None = None
 
     @property
     def shared(self) -> bool:
@@ -196,6 +200,12 @@ class Busy:
             if self.waited is not None
             else "Linux's accounting could not be read"
         )
+        if not self.quiet and self.slower_by is not None and self.contended * 2 < self.rounds:
+            return (
+                f"the machine ran slow: FP32 ran at best {self.slower_by:.0%} slower than earlier processes timed it "
+                f"on this machine, and stayed so for the whole wait ({what}): a slow spell of the host or the CPU; "
+                "each plan was timed by its fastest runs, a less certain figure"
+            )
         if not self.quiet and self.contended * 2 < self.rounds:  # no other process to blame: the pace moved
             return (
                 f"no quiet rounds: the plans' pace moved from round to round ({what}); each plan was timed by its "
@@ -240,4 +250,5 @@ class Busy:
             weighted("waited"),
             known[0].cpus,
             all(busy.quiet for busy in known),
+            max((busy.slower_by for busy in known if busy.slower_by is not None), default=None),
         )

@@ -8,14 +8,15 @@ Only rounds in which every runner ran at its own quiet pace count, and the rule 
 things slow a round: another process on the cores (the timed threads wait for a core: ``autotune.interference``
 reads that wait from the scheduler) and a slow spell of a shared VM's host (the runs are slower though nothing here
 waited). A round counts when this process's threads waited for a core at most ``busy_wait`` of its time, when
-the reference ran within ``quiet_band`` of the fastest reference round this process has timed (``ReferencePace``),
-and when no plan ran more than ``OUTLIER_BAND`` above its own lower quartile of rounds. A rule that looked at the
-reference alone kept rounds in which the reference happened to be fast and a candidate did not, and read FP32
-against itself at 0.50x beside a busy process. The assumption is that interference only adds time, so each
-runner's fastest rounds are its quiet ones;
-the measurement goes on until ``rounds`` rounds count. At its limit it steps off the cores for a random while and
-times on; when its patience is spent it times each runner by its own fastest runs over all its rounds, and says
-that the machine was too busy (``Busy.quiet`` False).
+the reference ran within ``quiet_band`` of the fastest reference round this process, or an earlier one on this
+machine, has timed (``ReferencePace``: a spell can outlast a whole process), and when no plan ran more than
+``OUTLIER_BAND`` above its own lower quartile of rounds. A rule that looked at the reference alone kept rounds in
+which the reference happened to be fast and a candidate did not, and read FP32 against itself at 0.50x beside a
+busy process. The assumption is that interference only adds time, so each runner's fastest rounds are its quiet
+ones; the measurement goes on until ``rounds`` rounds count. At its limit, where another process got in the way or
+the process has not yet seen the machine's remembered pace, it steps off the cores for a random while and times on;
+when its patience is spent it times each runner by its own fastest runs over all its rounds, and says that the
+machine was too busy, or ran slow (``Busy.quiet`` False).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class Protocol:
         stop_at: The wall time (``time.time()``) after which no more rounds are timed: a run's time limit
             (``budget.minutes``). Reached with fewer quiet rounds than ``rounds``, the quiet ones count, or, with
             none, each runner's fastest runs, as when the patience runs out. None: no limit.
+        spell_patience_s: As ``busy_patience_s``, for a measurement whose process has not yet run the reference
+            within ``quiet_band`` of the pace earlier processes timed it at on this machine (``ReferencePace``) and
+            saw no other process: a slow spell of the machine itself, which ends (up to 6.6 s on a 2-vCPU VM)
+            though nothing here can be waited out.
     """
 
     warmup: int = 2
@@ -78,6 +83,7 @@ class Protocol:
     min_sample_ms: float = 0.0
     busy_others: float | None = None
     stop_at: float | None = None
+    spell_patience_s: float = 15.0
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -104,21 +110,27 @@ hundreds of thousands of rounds to fill ``settle_s``."""
 
 
 class ReferencePace:
-    """How fast the reference has run in this process: its fastest round, and how long the process has timed.
+    """How fast the reference has run: its fastest round in this process, and in earlier processes on this machine.
 
     One per process (``TrialRunner``), shared by its measurements, so a trial timed during a slow spell of the
     machine knows that the spell is one: its reference rounds are slower than the fastest this process has seen.
+    A spell can outlast a whole process: the host of a VM slowed FP32, and all-INT8 more, for up to 6.6 s at a
+    time, as long as ``autotune evaluate`` times. A process that starts in one has no quiet round of its own to
+    compare with, so it starts from ``remembered_ms``, the fastest earlier processes timed the same reference at
+    on this machine (``autotune.harness.machine_pace``).
 
     Args:
         clock: Seconds of wall time; injectable for tests.
+        remembered_ms: The reference's quiet round median on this machine from earlier processes; None: none known.
 
     Attributes:
-        fastest_ms: The fastest reference round median so far.
+        fastest_ms: The fastest reference round median of this process so far.
         timed_s: Wall seconds of rounds timed so far.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, remembered_ms: float | None = None) -> None:
         self.clock = clock
+        self.remembered_ms = remembered_ms
         self.fastest_ms = math.inf
         self.timed_s = 0.0
         self.rounds = 0
@@ -129,15 +141,31 @@ class ReferencePace:
         self.timed_s += round_s
         self.rounds += 1
 
+    @property
+    def quiet_ms(self) -> float:
+        """The machine's quiet pace: the fastest reference round of this process or of the earlier ones."""
+        return min(self.fastest_ms, self.remembered_ms if self.remembered_ms is not None else math.inf)
+
     def settled(self, settle_s: float) -> bool:
-        """The process has timed ``settle_s`` seconds, or ``SETTLE_ROUNDS`` rounds of a model of microseconds."""
+        """The process has timed ``settle_s`` seconds, or ``SETTLE_ROUNDS`` rounds of a model of microseconds.
+
+        Earlier processes' pace does not settle a process: the first measurement's rounds over ``settle_s`` are
+        what makes ``autotune evaluate`` precise (dozens of quiet rounds where ``rounds`` asks for four).
+        """
         return self.timed_s >= settle_s or self.rounds >= SETTLE_ROUNDS
 
-    def quiet(self, reference_rounds_ms: Sequence[float], band: float | None) -> list[int]:
-        """The indices of the rounds whose reference ran within ``band`` of the fastest (all with None)."""
-        if band is None:
-            return list(range(len(reference_rounds_ms)))
-        return [i for i, ms in enumerate(reference_rounds_ms) if ms <= self.fastest_ms * (1.0 + band)]
+    def behind(self, band: float) -> bool:
+        """No round of this process has run the reference within ``band`` of the remembered pace.
+
+        The whole process so far lies in a slow spell of the machine. False where no pace is remembered.
+        """
+        return self.remembered_ms is not None and self.fastest_ms > self.remembered_ms * (1.0 + band)
+
+    def slower_by(self) -> float | None:
+        """How much slower this process's fastest reference round ran than the remembered pace; None: none known."""
+        if self.remembered_ms is None or not math.isfinite(self.fastest_ms):
+            return None
+        return self.fastest_ms / self.remembered_ms - 1.0
 
 
 @dataclass(frozen=True)
@@ -303,7 +331,7 @@ def _rounds(
     readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
     first = last = sampler.snapshot()
     shares = _SharedSpans(sampler, protocol.busy_others, first)
-    limit, waited_out_s = protocol.round_limit, 0.0  # patience spent: back-offs and the rounds timed after them
+    limit, waited_out_s, patience_s = protocol.round_limit, 0.0, 0.0  # patience spent: back-offs, rounds after them
     while True:
         started = pace.clock()
         for runner in order(len(readings)):
@@ -317,6 +345,7 @@ def _rounds(
         if len(readings) > protocol.round_limit:
             waited_out_s += round_s
         clear = _clear(readings, protocol, shares.shared)
+        patience_s = max(patience_s, _patience_s(protocol, clear, pace))  # a spell that ended leaves its patience
         counted = _counted(np.array(round_medians), clear, protocol, pace, limit)
         own = shares.settled(now, len(readings)) if counted is not None and counted[1] else True
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
@@ -324,13 +353,12 @@ def _rounds(
         out_of_time = protocol.stop_at is not None and time.time() >= protocol.stop_at
         if counted is None and out_of_time:
             counted = _quiet_so_far(np.array(round_medians), clear, protocol, pace)
-        if counted is None and limit > protocol.round_limit and waited_out_s >= protocol.busy_patience_s:
+        if counted is None and limit > protocol.round_limit and waited_out_s >= patience_s:
             counted = ([], False)  # the patience ran out in the rounds after a back-off: stop there, not at the limit
         if counted is None:
             continue
-        contended = not all(clear)
-        if counted[1] or out_of_time or waited_out_s >= protocol.busy_patience_s or not contended:
-            break  # quiet; out of time or patience; or no other process to wait out (a noisy pace is no reason)
+        if counted[1] or out_of_time or waited_out_s >= patience_s:
+            break  # quiet; out of time or patience (none: no process or spell to wait out; a noisy pace is no reason)
         waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
@@ -340,7 +368,8 @@ def _rounds(
     shared = sum(not round_clear for round_clear in _clear(readings, protocol, shares.shared))
     others, waited = (None, None) if whole is None else (whole.others, whole.waited)
     counts = (len(readings), len(rows) if quiet else protocol.rounds, shared)
-    busy = Busy(*counts, others, waited, describe_cpus(sampler.cpus), quiet)
+    slower_by = None if quiet or not _in_spell(protocol, pace) else pace.slower_by()
+    busy = Busy(*counts, others, waited, describe_cpus(sampler.cpus), quiet, slower_by)
     return _paired(blocks, rows, busy) if quiet else _from_floors(blocks, protocol.rounds, busy)
 
 
@@ -422,6 +451,22 @@ def _from_floors(blocks: list[list[list[float]]], count: int, busy: Busy) -> lis
     return latencies
 
 
+def _in_spell(protocol: Protocol, pace: ReferencePace) -> bool:
+    """The process has not yet run the reference at the machine's remembered pace: it has timed in a slow spell."""
+    return protocol.quiet_band is not None and pace.behind(protocol.quiet_band)
+
+
+def _patience_s(protocol: Protocol, clear: Sequence[bool], pace: ReferencePace) -> float:
+    """Seconds the measurement may wait past its limit.
+
+    For another process that got in the way of a round, else for a slow spell of the machine; 0 with neither (a plan
+    whose pace moves from round to round does not settle).
+    """
+    if not all(clear):
+        return protocol.busy_patience_s
+    return protocol.spell_patience_s if _in_spell(protocol, pace) else 0.0
+
+
 def _waits(readings: Sequence[Reading | None]) -> list[float | None]:
     return [None if reading is None else reading.waited for reading in readings]
 
@@ -455,7 +500,7 @@ def _counted(
     timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
         return None
-    quiet = _quiet_rounds(medians, [i for i in range(timed) if clear[i]], protocol.quiet_band, pace.fastest_ms)
+    quiet = _quiet_rounds(medians, [i for i in range(timed) if clear[i]], protocol.quiet_band, pace.quiet_ms)
     if len(quiet) >= protocol.rounds:
         return quiet, True
     if timed < limit:
@@ -467,9 +512,7 @@ def _quiet_so_far(
     medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace
 ) -> tuple[list[int], bool]:
     """The quiet rounds timed so far, where time ran out before ``protocol.rounds`` of them (``Protocol.stop_at``)."""
-    quiet = _quiet_rounds(
-        medians, [i for i in range(medians.shape[1]) if clear[i]], protocol.quiet_band, pace.fastest_ms
-    )
+    quiet = _quiet_rounds(medians, [i for i in range(medians.shape[1]) if clear[i]], protocol.quiet_band, pace.quiet_ms)
     return (quiet, True) if quiet else ([], False)
 
 

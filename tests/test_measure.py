@@ -120,7 +120,7 @@ def test_speedup_property():
 
 def test_protocol_to_dict_and_defaults():
     defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1, "busy_patience_s": 5.0}
-    defaults.update(min_sample_ms=0.0, busy_others=None, stop_at=None)
+    defaults.update(min_sample_ms=0.0, busy_others=None, stop_at=None, spell_patience_s=15.0)
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
@@ -670,3 +670,67 @@ def test_a_measurement_past_its_stop_time_without_a_quiet_round_times_each_runne
     latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, sampler=sampler)
     assert latency.busy.rounds == 1 and not latency.busy.quiet and sampler.backed_off == []
     assert latency.speedup == pytest.approx(2.0)
+
+
+def _host_spell(spell_back_offs: int, reference_quiet_ms: float = 2.0):
+    """FP32 and all-INT8 on a VM whose host slows FP32 13 % and all-INT8 43 % until ``spell_back_offs`` back-offs.
+
+    What a process that starts inside such a spell sees: nothing waits for a core, every round is alike, and the
+    ratio reads 2.0 * 1.13 / 1.43 = 1.58 where it is 2.0.
+    """
+    sampler = ScriptedSampler(lambda k: 0.0)
+
+    def in_spell() -> bool:
+        return len(sampler.backed_off) < spell_back_offs
+
+    reference = _spell_runner(reference_quiet_ms, reference_quiet_ms * 1.13, in_spell)
+    candidate = _spell_runner(1.0, 1.43, in_spell)
+    return reference, candidate, sampler
+
+
+def test_a_process_that_starts_inside_a_slow_spell_waits_it_out_from_the_pace_earlier_processes_saw():
+    from autotune.measure import ReferencePace
+
+    protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=6, **UNWAITED)
+    reference, candidate, sampler = _host_spell(spell_back_offs=2)
+    fresh = interleaved(candidate, reference, protocol, self_timed=True, pace=ReferencePace(), sampler=sampler)
+    assert fresh.speedup == pytest.approx(1.58, abs=0.01) and fresh.busy.quiet  # no memory: the spell is the pace
+
+    reference, candidate, sampler = _host_spell(spell_back_offs=2)
+    pace = ReferencePace(remembered_ms=2.0)  # an earlier process timed FP32 at 2.0 ms on this machine
+    latency = interleaved(candidate, reference, protocol, self_timed=True, pace=pace, sampler=sampler)
+    assert latency.speedup == pytest.approx(2.0, rel=0.03) and latency.busy.quiet
+    assert sampler.backed_off == [2.0, 2.0]  # no other process, yet it stepped off until the spell ended
+
+
+def test_a_spell_that_outlasts_the_patience_is_said_to_be_one_and_timed_by_the_fastest_runs():
+    from autotune.measure import ReferencePace
+
+    protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=6, spell_patience_s=5.0, **UNWAITED)
+    reference, candidate, sampler = _host_spell(spell_back_offs=100)
+    pace = ReferencePace(remembered_ms=2.0)
+    latency = interleaved(candidate, reference, protocol, self_timed=True, pace=pace, sampler=sampler)
+    assert sampler.backed_off == [2.0, 2.0, 2.0]  # 5 s of patience, in back-offs of 2 s
+    assert not latency.busy.quiet and latency.busy.slower_by == pytest.approx(0.13)
+    assert latency.busy.describe().startswith("the machine ran slow: FP32 ran at best 13% slower than earlier")
+
+
+def test_a_process_faster_than_the_remembered_pace_goes_by_its_own():
+    from autotune.measure import ReferencePace
+
+    pace = ReferencePace(remembered_ms=2.05)
+    sampler = ScriptedSampler(lambda k: 0.0)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, **UNWAITED)
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, pace=pace, sampler=sampler)
+    assert latency.busy.quiet and latency.busy.rounds == 2 and sampler.backed_off == []
+    assert pace.quiet_ms == 2.0 and not pace.behind(0.05) and pace.slower_by() == pytest.approx(2.0 / 2.05 - 1)
+
+
+def test_another_process_in_the_way_is_waited_for_as_long_as_busy_patience_not_the_spells():
+    from autotune.measure import ReferencePace
+
+    sampler = ScriptedSampler(lambda k: 0.6)
+    protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0, max_rounds=5, spell_patience_s=60.0)
+    pace = ReferencePace(remembered_ms=1.0)  # behind the memory too, but the wait is the other process's
+    latency = interleaved(lambda: 1.0, lambda: 2.0, protocol, self_timed=True, pace=pace, sampler=sampler)
+    assert sampler.backed_off == [2.0, 2.0, 2.0] and "too busy to measure" in latency.busy.describe()

@@ -8,6 +8,7 @@ comparability key in its store's meta: a resumed run, or an earlier run whose tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import platform
 from collections.abc import Sequence
@@ -98,6 +99,25 @@ def comparability_key(config: TuneConfig, model: LoadedModel) -> dict[str, Any]:
         "machine": machine_identity(backend_class(config.backend.name)),
         "libraries": {name: _version(name) for name in libraries},
     }
+
+
+def pace_key(config: TuneConfig, model: LoadedModel, feeds_hash: str) -> str:
+    """What sets the FP32 reference's pace on this machine (``autotune.harness.machine_pace``), as 16 hex characters.
+
+    The model, the batch it is timed on (``feeds_hash``), the backend and its options, how a round times it, the
+    trial workers beside it, the machine and the kernel libraries.
+    """
+    measure = config.measure
+    fields = {
+        "model": model.hash,
+        "feeds": feeds_hash,
+        "backend": config.backend.model_dump(mode="json"),
+        "round": {"warmup": measure.warmup, "repeats": measure.repeats, "min_sample_ms": measure.min_sample_ms},
+        "execution": config.execution.model_dump(mode="json"),
+        "machine": machine_identity(backend_class(config.backend.name)),
+        "libraries": {name: _version(name) for name in _KERNEL_LIBRARIES.get(config.backend.name, ("onnx", "numpy"))},
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def key_differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:

@@ -16,6 +16,8 @@ from autotune.backends import BackendUnavailable, BuildError, get_backend
 from autotune.config import ConfirmConfig, MeasureConfig, TuneConfig
 from autotune.data import Dataset, load_dataset
 from autotune.harness.deadline import layerwise_allowance_s
+from autotune.harness.identity import pace_key
+from autotune.harness.machine_pace import RememberedPace
 from autotune.harness.prepare import (
     LayerwiseBounds,
     Quantizations,
@@ -34,6 +36,7 @@ from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side
 from autotune.metrics import LOG_RATIO_METRICS, SEQUENTIAL_METRICS, batch_terms, drop_of_ratio, fidelity, score
 from autotune.model import factory_module
 from autotune.plan import Plan
+from autotune.quant.calibrate import data_hash
 from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE
 from autotune.quant.recipe import QuantRecipe
@@ -154,7 +157,7 @@ class TrialRunner:
             raise SetupError(str(error)) from error
         self.output_index = self._output_index()
         self._one_liners: dict[str, Any] = {}
-        self.pace = ReferencePace()  # every measurement of this process knows the machine's quiet pace
+        self._paces: dict[str, tuple[ReferencePace, RememberedPace]] = {}  # per split: see ``pace``
         self.sampler = Sampler()  # and reads how busy the others kept the cores meanwhile
         self._prepare_reference_and_calibration(stage)
         with stage("layerwise"):
@@ -423,7 +426,7 @@ class TrialRunner:
                 pending.append((index, outcome))
         if not pending:  # nothing built: no FP32 rounds to time
             return [result for result in results if result is not None]
-        timed = self._time_by_pace([item.artifact for _, item in pending], feeds, protocol)
+        timed = self._time_by_pace([item.artifact for _, item in pending], split, protocol)
         back_to_back = self._back_to_back([item.artifact for _, item in pending], feeds, split)
         for (index, item), (latency, seconds, used), pipelined in zip(pending, timed, back_to_back[:-1], strict=True):
             if isinstance(latency, str):
@@ -435,27 +438,44 @@ class TrialRunner:
             )
         return [result for result in results if result is not None]
 
+    def pace(self, split: str) -> ReferencePace:
+        """The FP32 reference's pace on ``split``'s timed batch: this process's rounds, and earlier processes'.
+
+        Every measurement of the process shares it, so a trial timed in a slow spell knows the spell is one; it
+        starts from the fastest round earlier processes on this machine timed the same reference at
+        (``autotune.harness.machine_pace``), since a spell can outlast a process.
+        """
+        if split not in self._paces:
+            feeds_hash = data_hash([self.datasets[split].batches[0]])
+            remembered = RememberedPace(self.config.cache_dir, pace_key(self.config, self.model, feeds_hash))
+            self._paces[split] = (ReferencePace(remembered_ms=remembered.fastest_ms()), remembered)
+        return self._paces[split][0]
+
     def _time_by_pace(
-        self, artifacts: Sequence[Any], feeds: Any, protocol: Protocol
+        self, artifacts: Sequence[Any], split: str, protocol: Protocol
     ) -> list[tuple[Latency | str, float, Protocol]]:
         """Each artifact's latency (or error), seconds and protocol: plans ``SLOW_PLAN_FACTOR`` slower in one round.
 
         The slow ones are timed apart, after the others, so their long runs leave the others' rounds as they were.
+        The process's fastest reference round is kept for the next process (``pace``).
         """
+        feeds, pace = self.datasets[split].batches[0], self.pace(split)
         slow = _slow_plans([self._timer(a, feeds) for a in artifacts], self._timer(self.reference, feeds))
-        if protocol.rounds <= 1 or not slow:
-            return [(*timed, protocol) for timed in self._time_together(artifacts, feeds, protocol)]
-        one_round = replace(protocol, rounds=1, max_rounds=1)
+        groups = [(list(range(len(artifacts))), protocol)]
+        if protocol.rounds > 1 and slow:
+            one_round = replace(protocol, rounds=1, max_rounds=1)
+            groups = [([i for i in range(len(artifacts)) if i not in slow], protocol), (slow, one_round)]
         timed: list[tuple[Latency | str, float, Protocol]] = [("not timed", 0.0, protocol)] * len(artifacts)
-        for group, used in (([i for i in range(len(artifacts)) if i not in slow], protocol), (slow, one_round)):
+        for group, used in groups:
             if group:
-                results = self._time_together([artifacts[i] for i in group], feeds, used)
+                results = self._time_together([artifacts[i] for i in group], feeds, used, pace)
                 for index, result in zip(group, results, strict=True):
                     timed[index] = (*result, used)
+        self._paces[split][1].record(pace.fastest_ms)
         return timed
 
     def _time_together(
-        self, artifacts: Sequence[Any], feeds: Any, protocol: Protocol
+        self, artifacts: Sequence[Any], feeds: Any, protocol: Protocol, pace: ReferencePace
     ) -> list[tuple[Latency | str, float]]:
         """Each artifact's latency against FP32 in the same rounds (or its error), and its share of the seconds.
 
@@ -465,13 +485,13 @@ class TrialRunner:
         reference = self._timer(self.reference, feeds)
         start = time.perf_counter()
         try:
-            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=self.pace, sampler=self.sampler)
+            latencies = side_by_side(timers, reference, protocol, self_timed=True, pace=pace, sampler=self.sampler)
             share_s = (time.perf_counter() - start) / max(1, len(timers))
             return [(latency, share_s) for latency in latencies]
         except Exception as error:  # noqa: BLE001 - any failure of a trial is data, not a crash of the run
             if len(timers) == 1:
                 return [(f"{type(error).__name__}: {error}", time.perf_counter() - start)]
-            return [_time_alone(timer, reference, protocol, self.pace, self.sampler) for timer in timers]
+            return [_time_alone(timer, reference, protocol, pace, self.sampler) for timer in timers]
 
     def _timed_result(
         self,

@@ -102,19 +102,34 @@ def test_a_side_by_side_request_of_plans_that_all_fail_times_nothing(runner, mon
     assert timed == []  # FP32 was not timed with no plan beside it
 
 
-def test_the_trial_process_settles_once_and_its_later_trials_time_only_their_rounds(runner, monkeypatch):
+def test_the_trial_process_settles_once_and_its_later_trials_time_only_their_rounds(runner, monkeypatch, tmp_path):
+    from autotune.harness.machine_pace import RememberedPace
     from autotune.measure import ReferencePace
 
-    monkeypatch.setattr(runner, "pace", ReferencePace())
+    pace = ReferencePace()  # a process on a machine nothing remembers
+    monkeypatch.setattr(runner, "_paces", {"evaluation": (pace, RememberedPace(tmp_path, "a key"))})
     protocol = Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.05, busy_wait=None)  # the settling alone
     int8 = runner.space.uniform("int8")
     (first,) = runner.run_side_by_side([int8], "evaluation", protocol)
-    settled_rounds = runner.pace.rounds
-    assert runner.pace.timed_s >= 0.05 and settled_rounds > 2 * protocol.rounds
+    settled_rounds = pace.rounds
+    assert pace.timed_s >= 0.05 and settled_rounds > 2 * protocol.rounds
     assert len(first.round_speedups) >= protocol.rounds
     (second,) = runner.run_side_by_side([int8], "evaluation", protocol)
-    assert runner.pace.rounds - settled_rounds <= protocol.round_limit  # the pace of the first trial carried over
+    assert pace.rounds - settled_rounds <= protocol.round_limit  # the pace of the first trial carried over
     assert second.ok and len(second.round_speedups) == protocol.rounds
+
+
+def test_the_next_trial_process_starts_from_the_pace_this_one_timed_fp32_at(runner, monkeypatch):
+    int8 = runner.space.uniform("int8")
+    runner.run_side_by_side([int8], "holdout", Protocol(warmup=0, repeats=1, rounds=2, settle_s=0.0))
+    fastest = runner.pace("holdout").fastest_ms
+    monkeypatch.setattr(runner, "_paces", {})  # what a new trial process of the same run starts with
+    assert runner.pace("holdout").remembered_ms == pytest.approx(fastest)
+    one_thread = runner.config.backend.model_copy(update={"intra_op_threads": 1})
+    other = runner.config.model_copy(update={"backend": one_thread})
+    monkeypatch.setattr(runner, "config", other)
+    monkeypatch.setattr(runner, "_paces", {})
+    assert runner.pace("holdout").remembered_ms is None  # another thread count: another pace
 
 
 def test_the_fp32_plan_is_built_anew_on_onnxruntime_and_is_the_reference_on_torch(runner, tmp_path):
