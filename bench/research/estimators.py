@@ -10,7 +10,12 @@ per round) for ``--seconds``, optionally beside a busy loop (``--busy-nice``). T
   the median of the per-round ratios over the first ``rounds`` such rounds;
 - ``floors``: over the rounds without run-queue wait, each runner by the median of its ``rounds`` fastest round
   medians, the ratio of those (``autotune.measure._from_floors`` on the clear rounds);
-- ``floors-all``: the same over every round, waited or not.
+- ``floors-all``: the same over every round, waited or not;
+- ``fresh``: each window a process of its own, as ``autotune evaluate`` is (its first measurement counts every
+  quiet round of its settling): the reference's pace is the window's own fastest round;
+- ``remembered``: the same, the pace starting from the fastest round of the last ``KEEP_PROCESSES`` windows
+  before it (``autotune.harness.machine_pace``); a window with fewer than ``rounds`` quiet rounds is one that
+  would have waited for the spell to end, and is counted as ``waited``.
 
 FP32 against itself must read 1; the spread of all-INT8 over the windows is what a user sees run to run.
 
@@ -28,6 +33,9 @@ import time
 import numpy as np
 
 BUSY_LOOP = "while True: pass"
+KEEP_PROCESSES = 8
+"""As ``autotune.harness.machine_pace.KEEP_PROCESSES`` (not imported: ``--from-trace`` runs without autotune's
+imports beyond ``measure``)."""
 
 
 def trace(config_path: str, seconds: float) -> dict:
@@ -70,17 +78,27 @@ def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
     waits = data["waits"]
     busy_wait = protocol["busy_wait"] or 1.0
     need = protocol["rounds"]
-    out: dict[str, dict[str, list[float]]] = {name: {"fp32": [], "int8": []} for name in ("paired", "floors", "all")}
+    names = ("paired", "floors", "all", "fresh", "remembered")
+    out: dict[str, dict[str, list[float]]] = {name: {"fp32": [], "int8": []} for name in names}
+    out["remembered"]["waited"] = []
     fastest_reference = np.inf
+    window_fastest: list[float] = []
     for start in range(0, medians.shape[1] - window + 1, window):
         span = range(start, start + window)
-        fastest_reference = min(fastest_reference, medians[0, start : start + window].min())
+        own_fastest = float(medians[0, start : start + window].min())
+        fastest_reference = min(fastest_reference, own_fastest)
         clear = [i for i in span if waits[i] is None or waits[i] <= busy_wait]
         quiet = _quiet_rounds(medians, clear, protocol["quiet_band"], fastest_reference)[:need]
         if len(quiet) >= need:
-            ratios = medians[0, quiet] / medians[1:, quiet]
-            out["paired"]["fp32"].append(float(np.median(ratios[0])))
-            out["paired"]["int8"].append(float(np.median(ratios[1])))
+            _append_ratios(out["paired"], medians, quiet)
+        _append_ratios(out["fresh"], medians, _quiet_rounds(medians, clear, protocol["quiet_band"], own_fastest))
+        remembered = min(window_fastest[-KEEP_PROCESSES:], default=own_fastest)
+        quiet = _quiet_rounds(medians, clear, protocol["quiet_band"], min(remembered, own_fastest))
+        if len(quiet) >= need:
+            _append_ratios(out["remembered"], medians, quiet)
+        else:
+            out["remembered"]["waited"].append(float(start))
+        window_fastest.append(own_fastest)
         for name, rows in (("floors", clear), ("all", list(span))):
             if len(rows) < need:
                 continue
@@ -89,6 +107,14 @@ def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
             out[name]["fp32"].append(float(ratio[0]))
             out[name]["int8"].append(float(ratio[1]))
     return out
+
+
+def _append_ratios(rows: dict[str, list[float]], medians: np.ndarray, quiet: list[int]) -> None:
+    """FP32-over-itself and INT8 ratios, the median over the ``quiet`` rounds, where there are any."""
+    if quiet:
+        ratios = medians[0, quiet] / medians[1:, quiet]
+        rows["fp32"].append(float(np.median(ratios[0])))
+        rows["int8"].append(float(np.median(ratios[1])))
 
 
 WAIT_BINS = ((0.0, 0.005), (0.005, 0.02), (0.02, 0.05), (0.05, 0.1), (0.1, 0.3), (0.3, float("inf")))
@@ -150,7 +176,13 @@ def main() -> None:
         finally:
             if competitor is not None:
                 competitor.kill()
-    results = {name: {k: summary(v) for k, v in rows.items()} for name, rows in estimates(data, args.window).items()}
+    windows = estimates(data, args.window)
+    results = {
+        name: {k: summary(v) if k != "waited" else len(v) for k, v in rows.items()} for name, rows in windows.items()
+    }
+    # The first window has no earlier one to remember: what a machine's first process gets.
+    results["remembered"]["int8_after_first"] = summary(windows["remembered"]["int8"][1:])
+    results["remembered"]["fp32_after_first"] = summary(windows["remembered"]["fp32"][1:])
     head = {"busy_nice": args.busy_nice, "rounds": len(data["rounds"]), "others": data.get("others")}
     print(json.dumps({**head, **results, "by_wait": by_wait(data)}, indent=1))
     if args.out and not args.from_trace:

@@ -1,7 +1,8 @@
 """The machine's slow spells, traced: FP32, all-INT8 and a second FP32 session timed one run each, in turn.
 
-What ``measure.quiet_band`` and ``measure.settle_s`` answer (docs/benchmarks.md, "Timing"): on a shared VM the
-host takes a core for spells, and a two-thread session's INT8 slows more than its FP32 there, so the ratio moves.
+What ``measure.quiet_band``, ``measure.settle_s`` and the remembered pace (``autotune.harness.machine_pace``) answer
+(docs/benchmarks.md, "Timing"): on a shared VM the host takes a core for spells, some longer than a process of
+``autotune evaluate`` times, and a two-thread session's INT8 slows more than its FP32 there, so the ratio moves.
 This prints, per 0.1 s block, whether the reference ran within the band of its quiet level (the 10th percentile of
 the blocks), how long the slow spells lasted, and the INT8 ratio quiet and in the spells.
 
@@ -52,9 +53,12 @@ def spells(rows: np.ndarray, band: float = 0.05, block_s: float = 0.1) -> dict[s
     return {
         "slow_fraction": float(slow.mean()),
         "spells": len(lengths),
+        "spells_over_5_s": sum(length * block_s > 5.0 for length in lengths),
         "longest_spell_s": max(lengths, default=0) * block_s,
         "fp32_quiet_ms": float(np.median(medians[~slow, 0])),
         "fp32_slow_ms": float(np.median(medians[slow, 0])) if slow.any() else float("nan"),
+        "int8_quiet_ms": float(np.median(medians[~slow, 1])),
+        "int8_slow_ms": float(np.median(medians[slow, 1])) if slow.any() else float("nan"),
         "int8_ratio_quiet": float(np.median(ratios[~slow])),
         "int8_ratio_slow": float(np.median(ratios[slow])) if slow.any() else float("nan"),
         "fp32_self_ratio": float(np.median(rows[:, 1] / rows[:, 3])),
