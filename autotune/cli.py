@@ -27,7 +27,7 @@ from autotune.confirm import export_ranked
 from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
 from autotune.interference import Busy
-from autotune.measure import compare_rounds
+from autotune.noise import compare_rounds
 from autotune.plan import PRECISIONS
 from autotune.search.registry import STRATEGIES
 from autotune.tune import tune

@@ -312,9 +312,8 @@ class MeasureConfig(_Strict):
     that slowed one plan alone). None: no pace is checked."""
     settle_s: float = Field(5.0, ge=0)
     """Seconds the trial process times before it trusts its fastest reference round as the machine's quiet pace;
-    the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long. The pace earlier
-    processes timed the same reference at on this machine (``cache_dir``/reference_pace.json) counts as well: a
-    process that starts in a slow spell does not take the spell for the machine's pace."""
+    the first measurement of a process (``autotune evaluate``'s only one) lasts at least this long. Earlier processes'
+    pace on this machine (``cache_dir``/reference_pace.json) counts too: a spell is not taken for the pace."""
     max_rounds: int | None = Field(None, ge=1)
     """Rounds after which a measurement backs off (``busy_patience_s``) or stops although fewer than ``rounds``
     were quiet. None: four times ``rounds``."""

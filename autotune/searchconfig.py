@@ -34,7 +34,7 @@ class RewardConfig(StrictSection):
     """The reward of a plan that failed to build or run."""
     tie_within: float | None = Field(None, ge=0)
     """Relative speedup differences the reward treats as ties (``autotune.search.reward.latency_gain``); None: the
-    noise of the run's own FP32 self-check (``autotune.measure.SelfCheck``), 0: none."""
+    noise of the run's own FP32 self-check (``autotune.noise.SelfCheck``), 0: none."""
 
 
 class PPOConfig(StrictSection):

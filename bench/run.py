@@ -36,7 +36,7 @@ import numpy as np
 
 from autotune import api
 from autotune.config import TuneConfig, load_config
-from autotune.measure import compare_rounds
+from autotune.noise import compare_rounds
 from autotune.plan import Plan
 from autotune.search.reward import meets_budget, reward
 from autotune.store import TrialStore

@@ -158,7 +158,7 @@ class TrialRunner:
         self.output_index = self._output_index()
         self._one_liners: dict[str, Any] = {}
         self._paces: dict[str, tuple[ReferencePace, RememberedPace]] = {}  # per split: see ``pace``
-        self.sampler = Sampler()  # and reads how busy the others kept the cores meanwhile
+        self.sampler = Sampler()  # reads how busy the others kept the cores while a plan was timed
         self._prepare_reference_and_calibration(stage)
         with stage("layerwise"):
             self.use_layerwise(self._choose_layerwise())
@@ -441,9 +441,8 @@ class TrialRunner:
     def pace(self, split: str) -> ReferencePace:
         """The FP32 reference's pace on ``split``'s timed batch: this process's rounds, and earlier processes'.
 
-        Every measurement of the process shares it, so a trial timed in a slow spell knows the spell is one; it
-        starts from the fastest round earlier processes on this machine timed the same reference at
-        (``autotune.harness.machine_pace``), since a spell can outlast a process.
+        Every measurement of the process shares it, so a trial timed in a slow spell knows the spell is one; it starts
+        from earlier processes' pace on this machine (``autotune.harness.machine_pace``): a spell can outlast one.
         """
         if split not in self._paces:
             feeds_hash = data_hash([self.datasets[split].batches[0]])

@@ -14,7 +14,7 @@ from typing import Any
 from autotune.config import ConfirmConfig, TuneConfig
 from autotune.harness.evaluator import Evaluator
 from autotune.interference import Busy
-from autotune.measure import SELF_CHECK_BAND, SelfCheck
+from autotune.noise import SELF_CHECK_BAND, SelfCheck
 from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.trial import TrialResult

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from autotune.config import FinalistRule
-from autotune.measure import ties_within
+from autotune.noise import ties_within
 from autotune.search.estimate import ACCURACY_KNOBS, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.reward import meets_budget, reward
@@ -175,7 +175,7 @@ def ranking(confirmed: list[TrialResult], accuracy_budget: float, noise: float =
     """Confirmed plans, best first: within budget by speedup, then the rest by drop.
 
     Plans whose speedups differ by less than the protocol's measured ``noise`` (the FP32 self-check of the same
-    confirmation, ``autotune.measure.SelfCheck.noise``) are a tie: of those, the one with the smallest accuracy
+    confirmation, ``autotune.noise.SelfCheck.noise``) are a tie: of those, the one with the smallest accuracy
     drop comes first, since the measurement cannot say which is faster.
     """
     within = sorted((r for r in confirmed if meets_budget(r, accuracy_budget)), key=lambda r: -(r.speedup or 0))
