@@ -351,8 +351,9 @@ def _rounds(
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
             counted = None if own is None or len(readings) < limit else ([], False)
         out_of_time = protocol.stop_at is not None and time.time() >= protocol.stop_at
-        if counted is None and out_of_time:
-            counted = _quiet_so_far(np.array(round_medians), clear, protocol, pace)
+        if counted is None and out_of_time:  # the quiet rounds so far, or none: each runner's fastest runs
+            quiet_so_far = _quiet(np.array(round_medians), clear, protocol, pace)
+            counted = (quiet_so_far, bool(quiet_so_far))
         if counted is None and limit > protocol.round_limit and waited_out_s >= patience_s:
             counted = ([], False)  # the patience ran out in the rounds after a back-off: stop there, not at the limit
         if counted is None:
@@ -500,7 +501,7 @@ def _counted(
     timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
         return None
-    quiet = _quiet_rounds(medians, [i for i in range(timed) if clear[i]], protocol.quiet_band, pace.quiet_ms)
+    quiet = _quiet(medians, clear, protocol, pace)
     if len(quiet) >= protocol.rounds:
         return quiet, True
     if timed < limit:
@@ -508,12 +509,9 @@ def _counted(
     return [], False
 
 
-def _quiet_so_far(
-    medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace
-) -> tuple[list[int], bool]:
-    """The quiet rounds timed so far, where time ran out before ``protocol.rounds`` of them (``Protocol.stop_at``)."""
-    quiet = _quiet_rounds(medians, [i for i in range(medians.shape[1]) if clear[i]], protocol.quiet_band, pace.quiet_ms)
-    return (quiet, True) if quiet else ([], False)
+def _quiet(medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace) -> list[int]:
+    """The quiet rounds timed so far (``_quiet_rounds`` over the clear ones, against the machine's quiet pace)."""
+    return _quiet_rounds(medians, [i for i, ok in enumerate(clear) if ok], protocol.quiet_band, pace.quiet_ms)
 
 
 def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, reference_fastest_ms: float) -> list[int]:
