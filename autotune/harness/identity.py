@@ -43,6 +43,11 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _library_versions(backend: str) -> dict[str, str | None]:
+    """The versions of the libraries whose kernels run the backend's builds (``_KERNEL_LIBRARIES``)."""
+    return {name: _version(name) for name in _KERNEL_LIBRARIES.get(backend, ("onnx", "numpy"))}
+
+
 def _cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
     try:
@@ -88,7 +93,6 @@ def comparability_key(config: TuneConfig, model: LoadedModel) -> dict[str, Any]:
     Model file, data, metric, calibration settings, backend and its options, measurement protocol, machine and
     kernel library versions. Not the accuracy budget, reward, build budget, search strategy or seed.
     """
-    libraries = _KERNEL_LIBRARIES.get(config.backend.name, ("onnx", "numpy"))
     return {
         "model": model.hash,
         "data": data_fingerprint(config.data, config.seed, model),
@@ -97,7 +101,7 @@ def comparability_key(config: TuneConfig, model: LoadedModel) -> dict[str, Any]:
         "backend": config.backend.model_dump(mode="json"),
         "measure": config.measure.model_dump(mode="json"),
         "machine": machine_identity(backend_class(config.backend.name)),
-        "libraries": {name: _version(name) for name in libraries},
+        "libraries": _library_versions(config.backend.name),
     }
 
 
@@ -115,7 +119,7 @@ def pace_key(config: TuneConfig, model: LoadedModel, feeds_hash: str) -> str:
         "round": {"warmup": measure.warmup, "repeats": measure.repeats, "min_sample_ms": measure.min_sample_ms},
         "execution": config.execution.model_dump(mode="json"),
         "machine": machine_identity(backend_class(config.backend.name)),
-        "libraries": {name: _version(name) for name in _KERNEL_LIBRARIES.get(config.backend.name, ("onnx", "numpy"))},
+        "libraries": _library_versions(config.backend.name),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 

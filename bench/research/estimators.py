@@ -33,9 +33,6 @@ import time
 import numpy as np
 
 BUSY_LOOP = "while True: pass"
-KEEP_PROCESSES = 8
-"""As ``autotune.harness.machine_pace.KEEP_PROCESSES`` (not imported: ``--from-trace`` runs without autotune's
-imports beyond ``measure``)."""
 
 
 def trace(config_path: str, seconds: float) -> dict:
@@ -71,6 +68,7 @@ def trace(config_path: str, seconds: float) -> dict:
 
 def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
     """Each estimator's FP32-over-itself and INT8 ratios, one per window of ``window`` rounds."""
+    from autotune.harness.machine_pace import KEEP_PROCESSES
     from autotune.measure import _quiet_rounds
 
     protocol = data["protocol"]
