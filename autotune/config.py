@@ -339,7 +339,7 @@ class MeasureConfig(_Strict):
     spell_patience_s: float = Field(15.0, ge=0)
     """As ``busy_patience_s``, for a measurement whose FP32 reference has not yet run at the pace earlier processes
     timed it at on this machine while no other process got in the way: a slow spell of the machine itself (a VM's
-    host slowed FP32, and all-INT8 more, for up to 6.6 s at a time). After it, each plan is timed by its fastest
+    host slowed FP32, and all-INT8 more, for seconds at a time). After it, each plan is timed by its fastest
     runs and the measurement says the machine ran slow."""
 
 

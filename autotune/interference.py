@@ -203,8 +203,8 @@ class Busy:
         if not self.quiet and self.slower_by is not None and self.contended * 2 < self.rounds:
             return (
                 f"the machine ran slow: FP32 ran at best {self.slower_by:.0%} slower than earlier processes timed it "
-                f"on this machine, and stayed so for the whole wait ({what}): a slow spell of the host or the CPU; "
-                "each plan was timed by its fastest runs, a less certain figure"
+                f"on this machine, and stayed so for the whole wait ({what}): a slow spell of the host, or of this "
+                "process; each plan was timed by its fastest runs, a less certain figure"
             )
         if not self.quiet and self.contended * 2 < self.rounds:  # no other process to blame: the pace moved
             return (

@@ -68,8 +68,8 @@ class Protocol:
             none, each runner's fastest runs, as when the patience runs out. None: no limit.
         spell_patience_s: As ``busy_patience_s``, for a measurement whose process has not yet run the reference
             within ``quiet_band`` of the pace earlier processes timed it at on this machine (``ReferencePace``) and
-            saw no other process: a slow spell of the machine itself, which ends (up to 6.6 s on a 2-vCPU VM)
-            though nothing here can be waited out.
+            saw no other process: a slow spell of the machine itself, which may end though nothing here can be
+            waited out.
     """
 
     warmup: int = 2
@@ -114,8 +114,8 @@ class ReferencePace:
 
     One per process (``TrialRunner``), shared by its measurements, so a trial timed during a slow spell of the
     machine knows that the spell is one: its reference rounds are slower than the fastest this process has seen.
-    A spell can outlast a whole process: the host of a VM slowed FP32, and all-INT8 more, for up to 6.6 s at a
-    time, as long as ``autotune evaluate`` times. A process that starts in one has no quiet round of its own to
+    A spell can outlast a whole process: on a VM FP32 ran slower, and all-INT8 more, for seconds at a time, some as
+    long as ``autotune evaluate`` times. A process that starts in one has no quiet round of its own to
     compare with, so it starts from ``remembered_ms``, the fastest earlier processes timed the same reference at
     on this machine (``autotune.harness.machine_pace``).
 
