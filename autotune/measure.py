@@ -351,9 +351,8 @@ def _rounds(
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
             counted = None if own is None or len(readings) < limit else ([], False)
         out_of_time = protocol.stop_at is not None and time.time() >= protocol.stop_at
-        if counted is None and out_of_time:  # the quiet rounds so far, or none: each runner's fastest runs
-            quiet_so_far = _quiet(np.array(round_medians), clear, protocol, pace)
-            counted = (quiet_so_far, bool(quiet_so_far))
+        if counted is None and out_of_time:
+            counted = _quiet_so_far(np.array(round_medians), clear, protocol, pace)
         if counted is None and limit > protocol.round_limit and waited_out_s >= patience_s:
             counted = ([], False)  # the patience ran out in the rounds after a back-off: stop there, not at the limit
         if counted is None:
@@ -507,6 +506,14 @@ def _counted(
     if timed < limit:
         return None
     return [], False
+
+
+def _quiet_so_far(
+    medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace
+) -> tuple[list[int], bool]:
+    """Where time ran out (``Protocol.stop_at``): the quiet rounds so far, or none (each runner's fastest runs)."""
+    quiet = _quiet(medians, clear, protocol, pace)
+    return quiet, bool(quiet)
 
 
 def _quiet(medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace) -> list[int]:
