@@ -28,6 +28,12 @@ _TASKS = Path("/proc/self/task")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 SHARE_MIN_S = 0.5
 """The shortest span whose share of core time is read: 50 of the kernel's 10 ms ticks per core."""
+TICK_SLACK = 1.5
+"""Ticks per core by which the kernel's tick-sampled core time of a span may miss this process's exact CPU time."""
+OTHERS_PER_WAIT = 0.25
+"""The least core time other work takes, per second this process's threads waited, for the wait to be theirs: a
+process that holds one core keeps up to all of our threads waiting on it (two here), and a share of its time falls
+in our idle moments."""
 
 
 def usable_cpus() -> list[int]:
@@ -71,11 +77,14 @@ class Reading:
         others: Share of the usable cores' time taken by anything but this process, 0..1; None over less than
             ``SHARE_MIN_S`` (the kernel counts core time in ticks of 10 ms: a shorter span reads 0 or 100 %).
         waited: This process's threads' run-queue wait per wall second (0: never kept from a core).
+        others_s: Core seconds other work took over the span, however short (tick-sampled, so within about a tick
+            per core; may read a little below 0); None where not read.
     """
 
     wall_s: float
     others: float | None
     waited: float
+    others_s: float | None = None
 
     @classmethod
     def between(cls, start: Snapshot, end: Snapshot, cores: int) -> Reading:
@@ -87,7 +96,33 @@ class Reading:
         waited = sum(
             max(0, end.waited_ns[tid] - start.waited_ns[tid]) for tid in end.waited_ns.keys() & start.waited_ns
         )
-        return cls(wall, share, waited / 1e9 / wall)
+        return cls(wall, share, waited / 1e9 / wall, others)
+
+    def others_cpu_s(self) -> float | None:
+        """Core seconds anything but this process took over the span; None where it was not read.
+
+        ``others_s`` where read, else the share times the wall time.
+        """
+        if self.others_s is not None:
+            return self.others_s
+        return None if self.others is None else self.others * self.wall_s
+
+    def waited_for_others(self, allowance: float, cores: int) -> bool:
+        """This process's threads waited for a core beyond ``allowance`` of the span, and other work ran meanwhile.
+
+        A thread can wait for a core with nothing else on the machine: on a VM, waking an idle virtual core takes the
+        host tens of microseconds, and the engine's threads wake every run; an idle 2-core EPYC VM read such waits in
+        nearly every round. Another process that keeps a thread of ours from a core runs on that core meanwhile, so
+        its core time covers a good part of the wait (``OTHERS_PER_WAIT``); the kernel counts core time in ticks, so
+        less than ``TICK_SLACK`` ticks per core is no other work at all.
+        """
+        if self.waited <= allowance:
+            return False
+        others_s = self.others_cpu_s()
+        if others_s is None:
+            return True
+        slack = TICK_SLACK * cores / _TICKS_PER_S
+        return others_s > slack and others_s >= OTHERS_PER_WAIT * self.waited * self.wall_s
 
 
 class Sampler:
@@ -202,9 +237,10 @@ class Busy:
         )
         if not self.quiet and self.slower_by is not None and self.contended * 2 < self.rounds:
             return (
-                f"the machine ran slow: FP32 ran at best {self.slower_by:.0%} slower than earlier processes timed it "
-                f"on this machine, and stayed so for the whole wait ({what}): a slow spell of the host, or of this "
-                "process; each plan was timed by its fastest runs, a less certain figure"
+                f"the machine ran slow: FP32 ran at best {self.slower_by:.0%} slower than its quiet pace on this "
+                f"machine (the last minute's, or earlier processes'), and stayed so for the whole wait ({what}): a "
+                "slow spell of the host, or of this process; each plan was timed by its fastest runs, a less certain "
+                "figure"
             )
         if not self.quiet and self.contended * 2 < self.rounds:  # no other process to blame: the pace moved
             return (

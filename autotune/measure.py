@@ -30,6 +30,9 @@ from typing import TypedDict, Unpack
 import numpy as np
 
 from autotune.interference import Busy, Reading, Sampler, Snapshot, describe_cpus
+from autotune.quiet_rounds import SETTLE_ROUNDS, ReferencePace, quiet_rows, shared_rows, spell_fastest_ms
+
+__all__ = ["SETTLE_ROUNDS", "Latency", "Protocol", "ReferencePace", "Timing", "interleaved", "side_by_side"]
 
 
 @dataclass(frozen=True)
@@ -95,77 +98,11 @@ class Protocol:
         return max(self.rounds, self.max_rounds if self.max_rounds is not None else 4 * self.rounds)
 
 
-OUTLIER_BAND = 0.25
-"""How far above its own lower quartile of rounds a plan's round may run and still count (``_quiet_rounds``)."""
-
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
 
 MAX_RUNS_PER_SAMPLE = 1000
 """The most runs one sample takes, however fast the runner (``Protocol.min_sample_ms``)."""
-
-SETTLE_ROUNDS = 1000
-"""Rounds after which a process has settled however short they were: a model that runs in microseconds would take
-hundreds of thousands of rounds to fill ``settle_s``."""
-
-
-class ReferencePace:
-    """How fast the reference has run: its fastest round in this process, and in earlier processes on this machine.
-
-    One per process (``TrialRunner``), shared by its measurements, so a trial timed during a slow spell of the
-    machine knows that the spell is one: its reference rounds are slower than the fastest this process has seen.
-    A spell can outlast a whole process: on a VM FP32 ran slower, and all-INT8 more, for seconds at a time, some as
-    long as ``autotune evaluate`` times. A process that starts in one has no quiet round of its own to
-    compare with, so it starts from ``remembered_ms``, the fastest earlier processes timed the same reference at
-    on this machine (``autotune.harness.machine_pace``).
-
-    Args:
-        clock: Seconds of wall time; injectable for tests.
-        remembered_ms: The reference's quiet round median on this machine from earlier processes; None: none known.
-
-    Attributes:
-        fastest_ms: The fastest reference round median of this process so far.
-        timed_s: Wall seconds of rounds timed so far.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, remembered_ms: float | None = None) -> None:
-        self.clock = clock
-        self.remembered_ms = remembered_ms
-        self.fastest_ms = math.inf
-        self.timed_s = 0.0
-        self.rounds = 0
-
-    def add(self, reference_round_ms: float, round_s: float) -> None:
-        """Records one round: its reference median and the wall seconds it took."""
-        self.fastest_ms = min(self.fastest_ms, reference_round_ms)
-        self.timed_s += round_s
-        self.rounds += 1
-
-    @property
-    def quiet_ms(self) -> float:
-        """The machine's quiet pace: the fastest reference round of this process or of the earlier ones."""
-        return min(self.fastest_ms, self.remembered_ms if self.remembered_ms is not None else math.inf)
-
-    def settled(self, settle_s: float) -> bool:
-        """The process has timed ``settle_s`` seconds, or ``SETTLE_ROUNDS`` rounds of a model of microseconds.
-
-        Earlier processes' pace does not settle a process: the first measurement's rounds over ``settle_s`` are
-        what makes ``autotune evaluate`` precise (dozens of quiet rounds where ``rounds`` asks for four).
-        """
-        return self.timed_s >= settle_s or self.rounds >= SETTLE_ROUNDS
-
-    def behind(self, band: float) -> bool:
-        """No round of this process has run the reference within ``band`` of the remembered pace.
-
-        The whole process so far lies in a slow spell of the machine. False where no pace is remembered.
-        """
-        return self.remembered_ms is not None and self.fastest_ms > self.remembered_ms * (1.0 + band)
-
-    def slower_by(self) -> float | None:
-        """How much slower this process's fastest reference round ran than the remembered pace; None: none known."""
-        if self.remembered_ms is None or not math.isfinite(self.fastest_ms):
-            return None
-        return self.fastest_ms / self.remembered_ms - 1.0
 
 
 @dataclass(frozen=True)
@@ -320,7 +257,7 @@ def _rounds(
     """Times ``runners`` (the reference first) round by round in ``order(round)`` until enough rounds count.
 
     Returns:
-        A Latency per candidate, over the rounds that count (``_counted``), in the order they were timed.
+        A Latency per candidate, over the rounds that count for it (``_counted``), in the order they were timed.
     """
     clock, self_timed = timing.get("clock", time.perf_counter), timing.get("self_timed", False)
     pace, sampler = timing.get("pace"), timing.get("sampler")
@@ -330,7 +267,7 @@ def _rounds(
     round_medians: list[list[float]] = [[] for _ in runners]
     readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
     first = last = sampler.snapshot()
-    shares = _SharedSpans(sampler, protocol.busy_others, first)
+    shares, cores = _SharedSpans(sampler, protocol.busy_others, first), len(sampler.cpus)
     limit, waited_out_s, patience_s = protocol.round_limit, 0.0, 0.0  # patience spent: back-offs, rounds after them
     while True:
         started = pace.clock()
@@ -342,19 +279,18 @@ def _rounds(
         last = now
         round_s = pace.clock() - started
         pace.add(round_medians[0][-1], round_s)
-        if len(readings) > protocol.round_limit:
-            waited_out_s += round_s
-        clear = _clear(readings, protocol, shares.shared)
-        patience_s = max(patience_s, _patience_s(protocol, clear, pace))  # a spell that ended leaves its patience
-        counted = _counted(np.array(round_medians), clear, protocol, pace, limit)
+        waited_out_s += round_s if len(readings) > protocol.round_limit else 0.0
+        clear, medians = _clear(readings, protocol, shares.shared, cores), np.array(round_medians)
+        patience_s = max(patience_s, _patience_s(protocol, clear, pace, medians))  # a spell that ended leaves it
+        counted = _counted(medians, clear, protocol, pace, limit)
         own = shares.settled(now, len(readings)) if counted is not None and counted[1] else True
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
-            counted = None if own is None or len(readings) < limit else ([], False)
+            counted = None if own is None or len(readings) < limit else (_none(medians), False)
         out_of_time = protocol.stop_at is not None and time.time() >= protocol.stop_at
         if counted is None and out_of_time:
-            counted = _quiet_so_far(np.array(round_medians), clear, protocol, pace)
+            counted = _quiet_so_far(medians, clear, protocol, pace)
         if counted is None and limit > protocol.round_limit and waited_out_s >= patience_s:
-            counted = ([], False)  # the patience ran out in the rounds after a back-off: stop there, not at the limit
+            counted = (_none(medians), False)  # the patience ran out in the rounds after a back-off: stop there
         if counted is None:
             continue
         if counted[1] or out_of_time or waited_out_s >= patience_s:
@@ -364,13 +300,27 @@ def _rounds(
         last = sampler.snapshot()  # the back-off is no round of its own
         shares.restart(last, len(readings), unread_shared=True)
     rows, quiet = counted
-    whole = sampler.reading(first, last)
-    shared = sum(not round_clear for round_clear in _clear(readings, protocol, shares.shared))
-    others, waited = (None, None) if whole is None else (whole.others, whole.waited)
-    counts = (len(readings), len(rows) if quiet else protocol.rounds, shared)
-    slower_by = None if quiet or not _in_spell(protocol, pace) else pace.slower_by()
-    busy = Busy(*counts, others, waited, describe_cpus(sampler.cpus), quiet, slower_by)
+    clear = _clear(readings, protocol, shares.shared, cores)
+    busy = _busy(sampler, sampler.reading(first, last), counted, clear, protocol, pace, np.array(round_medians))
     return _paired(blocks, rows, busy) if quiet else _from_floors(blocks, protocol.rounds, busy)
+
+
+def _busy(
+    sampler: Sampler,
+    whole: Reading | None,
+    counted: tuple[list[list[int]], bool],
+    clear: list[bool],
+    protocol: Protocol,
+    pace: ReferencePace,
+    medians: np.ndarray,
+) -> Busy:
+    """What the machine's other work did to a measurement that ended with ``counted`` rounds."""
+    rows, quiet = counted
+    others, waited = (None, None) if whole is None else (whole.others, whole.waited)
+    counts = (len(clear), min(map(len, rows)) if quiet else protocol.rounds, sum(not ok for ok in clear))
+    spell = spell_fastest_ms(medians, clear, protocol.quiet_band, pace)
+    slower_by = None if quiet or spell is None else pace.slower_by(spell)
+    return Busy(*counts, others, waited, describe_cpus(sampler.cpus), quiet, slower_by)
 
 
 class _SharedSpans:
@@ -420,13 +370,13 @@ class _SharedSpans:
         return False
 
 
-def _paired(blocks: list[list[list[float]]], rows: list[int], busy: Busy) -> list[Latency]:
-    """Each candidate against the reference over the rounds ``rows``: pooled medians, and a ratio per round."""
-    reference = [blocks[0][i] for i in rows]
-    reference_median, reference_iqr = _stats([ms for block in reference for ms in block])
+def _paired(blocks: list[list[list[float]]], rows: list[list[int]], busy: Busy) -> list[Latency]:
+    """Each candidate against the reference over its rounds (``rows``): pooled medians, and a ratio per round."""
     latencies = []
-    for runner_blocks in blocks[1:]:
-        candidate = [runner_blocks[i] for i in rows]
+    for runner_blocks, plan_rows in zip(blocks[1:], rows, strict=True):
+        reference = [blocks[0][i] for i in plan_rows]
+        reference_median, reference_iqr = _stats([ms for block in reference for ms in block])
+        candidate = [runner_blocks[i] for i in plan_rows]
         median, iqr = _stats([ms for block in candidate for ms in block])
         ratios = tuple(float(np.median(r) / np.median(c)) for r, c in zip(reference, candidate, strict=True))
         latencies.append(Latency(median, iqr, reference_median, reference_iqr, ratios, busy))
@@ -451,12 +401,7 @@ def _from_floors(blocks: list[list[list[float]]], count: int, busy: Busy) -> lis
     return latencies
 
 
-def _in_spell(protocol: Protocol, pace: ReferencePace) -> bool:
-    """The process has not yet run the reference at the machine's remembered pace: it has timed in a slow spell."""
-    return protocol.quiet_band is not None and pace.behind(protocol.quiet_band)
-
-
-def _patience_s(protocol: Protocol, clear: Sequence[bool], pace: ReferencePace) -> float:
+def _patience_s(protocol: Protocol, clear: Sequence[bool], pace: ReferencePace, medians: np.ndarray) -> float:
     """Seconds the measurement may wait past its limit.
 
     For another process that got in the way of a round, else for a slow spell of the machine; 0 with neither (a plan
@@ -464,27 +409,34 @@ def _patience_s(protocol: Protocol, clear: Sequence[bool], pace: ReferencePace) 
     """
     if not all(clear):
         return protocol.busy_patience_s
-    return protocol.spell_patience_s if _in_spell(protocol, pace) else 0.0
+    return protocol.spell_patience_s if spell_fastest_ms(medians, clear, protocol.quiet_band, pace) is not None else 0.0
 
 
 def _waits(readings: Sequence[Reading | None]) -> list[float | None]:
     return [None if reading is None else reading.waited for reading in readings]
 
 
-def _clear(readings: Sequence[Reading | None], protocol: Protocol, shared: set[int]) -> list[bool]:
-    """Per round: this process's threads did not wait for a core beyond the allowance, nor shared a busy span."""
-    return [not _contended(wait, protocol) and i not in shared for i, wait in enumerate(_waits(readings))]
+def _clear(readings: Sequence[Reading | None], protocol: Protocol, shared: set[int], cores: int) -> list[bool]:
+    """Per round: other work kept this process's threads from a core no more than allowed, nor shared a busy span."""
+    return [not _contended(reading, protocol, cores) and i not in shared for i, reading in enumerate(readings)]
 
 
-def _contended(wait: float | None, protocol: Protocol) -> bool:
-    """This process's threads waited for a core beyond the protocol's allowance in a round."""
-    return wait is not None and protocol.busy_wait is not None and wait > protocol.busy_wait
+def _contended(reading: Reading | None, protocol: Protocol, cores: int) -> bool:
+    """Other work kept this process's threads from a core beyond the protocol's allowance in a round."""
+    return (
+        reading is not None and protocol.busy_wait is not None and reading.waited_for_others(protocol.busy_wait, cores)
+    )
+
+
+def _none(medians: np.ndarray) -> list[list[int]]:
+    """No round, for each candidate."""
+    return [[] for _ in range(medians.shape[0] - 1)]
 
 
 def _counted(
     medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace, limit: int
-) -> tuple[list[int], bool] | None:
-    """The rounds that count once the measurement may stop and whether they were quiet; None while it goes on.
+) -> tuple[list[list[int]], bool] | None:
+    """Each candidate's counted rounds once the measurement may stop, and whether they were quiet; None until then.
 
     Args:
         medians: Per runner (the reference first), per round, the median of its timed runs.
@@ -493,49 +445,31 @@ def _counted(
         pace: The process's reference pace.
         limit: The rounds after which it stops, quiet or not (``Protocol.round_limit``, more after a back-off).
 
-    It stops once ``protocol.rounds`` rounds are quiet (``_quiet_rounds``) and the process has settled. At
-    ``limit`` (settled) with fewer, it returns no rounds and not quiet: the caller backs off and times on, or
-    times each runner by its fastest runs (``_from_floors``).
+    It stops once every candidate has ``protocol.rounds`` quiet rounds (``_quiet_rows``) and the process has
+    settled. At ``limit`` (settled) with fewer, it returns no rounds and not quiet: the caller backs off and times
+    on, or times each runner by its fastest runs (``_from_floors``).
     """
     timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
         return None
-    quiet = _quiet(medians, clear, protocol, pace)
-    if len(quiet) >= protocol.rounds:
-        return quiet, True
+    rows = _quiet(medians, clear, protocol, pace)
+    if min(map(len, rows)) >= protocol.rounds:
+        return shared_rows(rows, protocol.rounds), True
     if timed < limit:
         return None
-    return [], False
+    return _none(medians), False
 
 
 def _quiet_so_far(
     medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace
-) -> tuple[list[int], bool]:
+) -> tuple[list[list[int]], bool]:
     """Where time ran out (``Protocol.stop_at``): the quiet rounds so far, or none (each runner's fastest runs)."""
-    quiet = _quiet(medians, clear, protocol, pace)
-    return quiet, bool(quiet)
+    rows = _quiet(medians, clear, protocol, pace)
+    if all(rows):
+        return shared_rows(rows, protocol.rounds), True
+    return _none(medians), False
 
 
-def _quiet(medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace) -> list[int]:
-    """The quiet rounds timed so far (``_quiet_rounds`` over the clear ones, against the machine's quiet pace)."""
-    return _quiet_rounds(medians, [i for i, ok in enumerate(clear) if ok], protocol.quiet_band, pace.quiet_ms)
-
-
-def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, reference_fastest_ms: float) -> list[int]:
-    """The rounds among ``clear`` in which the reference ran at its quiet pace and no plan ran far off its own.
-
-    The reference within ``band`` of the fastest round the process has timed: a slow spell of a VM's host slows
-    every plan of a round, and INT8 more than FP32, so the reference's pace tells the spells apart. Every plan within
-    ``OUTLIER_BAND`` of its own lower quartile over the clear rounds: a spell that slowed one plan and not the
-    reference (another process's thread on that plan's core, seen or not by the scheduler's wait) leaves the round
-    out whichever plan it hit, so the rounds kept are not chosen by the reference's luck alone. The band is wide
-    enough for a plan's own round-to-round noise (an all-INT8 CNN's round medians spread 15 % on a quiet core), so
-    that many plans in one round still leave most rounds in.
-    """
-    if band is None or not clear:
-        return clear
-    fastest = min(float(medians[0, clear].min()), reference_fastest_ms)
-    reference_ok = medians[0, clear] <= fastest * (1.0 + band)
-    quartiles = np.percentile(medians[1:, clear], 25, axis=1, keepdims=True)
-    plans_ok = (medians[1:, clear] <= quartiles * (1.0 + OUTLIER_BAND)).all(axis=0)
-    return [round_index for round_index, ok in zip(clear, reference_ok & plans_ok, strict=True) if ok]
+def _quiet(medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace) -> list[list[int]]:
+    """Each candidate's quiet rounds timed so far (``_quiet_rows`` over the clear ones, against the quiet pace)."""
+    return quiet_rows(medians, [i for i, ok in enumerate(clear) if ok], protocol.quiet_band, pace)

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.capabilities",
         "autotune.trial",
         "autotune.measure",
+        "autotune.quiet_rounds",
         "autotune.shapes",
     ),
     (

@@ -75,3 +75,28 @@ def test_cores_are_described_as_a_user_reads_them():
     assert describe_cpus([0, 1]) == "0-1"
     assert describe_cpus([0, 2, 4]) == "0,2,4"
     assert describe_cpus([3]) == "3"
+
+
+def test_a_wait_with_no_other_work_on_the_cores_is_the_process_waking_its_own_threads():
+    from autotune.interference import TICK_SLACK, Reading
+
+    # An idle VM: waking a halted virtual core counts as run-queue wait though nothing else ran.
+    idle = Reading(wall_s=0.2, others=None, waited=0.4, others_s=0.0)
+    assert not idle.waited_for_others(0.1, cores=2)
+    # Another process held a core meanwhile: its core time covers the wait.
+    shared = Reading(wall_s=0.2, others=None, waited=0.4, others_s=0.06)
+    assert shared.waited_for_others(0.1, cores=2)
+    # Core time within the kernel's tick sampling of our own is no other work.
+    within_ticks = Reading(wall_s=0.2, others=None, waited=0.4, others_s=TICK_SLACK * 2 / 100 * 0.9)
+    assert not within_ticks.waited_for_others(0.1, cores=2)
+    # A wait within the allowance is no contention, whatever else ran; no reading of the others: the wait decides.
+    assert not Reading(wall_s=0.2, others=None, waited=0.05, others_s=0.3).waited_for_others(0.1, cores=2)
+    assert Reading(wall_s=0.2, others=None, waited=0.4).waited_for_others(0.1, cores=2)
+
+
+def test_the_others_core_time_of_a_short_span_is_read_though_its_share_is_not():
+    start = Snapshot(wall_s=0.0, busy_s=10.0, own_s=1.0, waited_ns={})
+    end = Snapshot(wall_s=0.2, busy_s=10.4, own_s=1.3, waited_ns={})
+    reading = Reading.between(start, end, cores=2)
+    assert reading.others is None  # too short for a share
+    assert reading.others_s == pytest.approx(0.1) and reading.others_cpu_s() == pytest.approx(0.1)

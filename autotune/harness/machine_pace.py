@@ -6,7 +6,8 @@ at a time (``bench/research/timing_trace.py``), some as long as ``autotune evalu
 that lay inside one read all-INT8 at 1.44-1.51x where it runs 1.89-1.91x, with FP32 against itself at 1.00 and
 nothing to say it was slow. So every trial process writes the fastest round it timed the reference at, under a key
 of what sets that pace, to one file of the cache folder; the next process with the same key starts from the
-fastest of the last ``KEEP_PROCESSES`` (``ReferencePace.remembered_ms``).
+median of the last ``KEEP_PROCESSES`` (``ReferencePace.remembered_ms``): the pace a process trusts within its
+first minute (``autotune.measure.PACE_WINDOW_S``).
 
 Why by hand: the pace belongs to the machine, not to a run, so no run's trial store holds it, and no library keeps a
 cross-process timing baseline of this kind (pyperf and asv compare whole benchmark runs after the fact).
@@ -54,11 +55,16 @@ class RememberedPace:
         self.process = f"{os.getpid()}-{time.time_ns()}"  # this process's entry, rewritten as its pace improves
         self._written_ms = math.inf
 
-    def fastest_ms(self) -> float | None:
-        """The fastest reference round the last processes timed under this key; None: none known."""
+    def typical_ms(self) -> float | None:
+        """The machine's pace as the last processes timed it under this key; None: none known.
+
+        The median of their fastest reference rounds (the lower one of an even count): one process that met the
+        machine at its fastest moment does not make every later one read as slow, and one that lay in a spell is
+        outvoted.
+        """
         entries = self._entries(self._read())
-        others = [entry["fastest_ms"] for entry in entries if entry["process"] != self.process]
-        return min(others) if others else None
+        others = sorted(entry["fastest_ms"] for entry in entries if entry["process"] != self.process)
+        return others[(len(others) - 1) // 2] if others else None
 
     def record(self, fastest_ms: float) -> None:
         """Keeps this process's fastest reference round (a no-op unless it is faster than the one kept)."""

@@ -447,7 +447,7 @@ class TrialRunner:
         if split not in self._paces:
             feeds_hash = data_hash([self.datasets[split].batches[0]])
             remembered = RememberedPace(self.config.cache_dir, pace_key(self.config, self.model, feeds_hash))
-            self._paces[split] = (ReferencePace(remembered_ms=remembered.fastest_ms()), remembered)
+            self._paces[split] = (ReferencePace(remembered_ms=remembered.typical_ms()), remembered)
         return self._paces[split][0]
 
     def _time_by_pace(

@@ -5,7 +5,7 @@ search's protocol does (rotated rounds, ``warmup`` then ``repeats`` runs of each
 per round) for ``--seconds``, optionally beside a busy loop (``--busy-nice``). The trace is then cut into windows of
 ``--window`` rounds, one window standing for one measurement, and every estimator reads the same windows:
 
-- ``paired``: the protocol's rule (``autotune.measure._quiet_rounds``: rounds without run-queue wait, the reference
+- ``paired``: the protocol's rule (``autotune.quiet_rounds.quiet_rows``: rounds without run-queue wait, the reference
   within ``quiet_band`` of the process's fastest round, no plan over ``OUTLIER_BAND`` above its lower quartile),
   the median of the per-round ratios over the first ``rounds`` such rounds;
 - ``floors``: over the rounds without run-queue wait, each runner by the median of its ``rounds`` fastest round
@@ -69,7 +69,12 @@ def trace(config_path: str, seconds: float) -> dict:
 def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
     """Each estimator's FP32-over-itself and INT8 ratios, one per window of ``window`` rounds."""
     from autotune.harness.machine_pace import KEEP_PROCESSES
-    from autotune.measure import _quiet_rounds
+    from autotune.quiet_rounds import ReferencePace, quiet_rows
+
+    def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, pace_ms: float) -> list[int]:
+        """The rounds quiet for every plan, judged against a quiet pace of ``pace_ms`` (as a fresh process would)."""
+        rows = quiet_rows(medians, clear, band, ReferencePace(remembered_ms=pace_ms if np.isfinite(pace_ms) else None))
+        return sorted(set.intersection(*map(set, rows)))
 
     protocol = data["protocol"]
     medians = np.array([[np.median(runs) for runs in round_] for round_ in data["rounds"]]).T  # runner x round
