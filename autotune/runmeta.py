@@ -37,6 +37,8 @@ class RunMeta:
             build, and all of it where the backend gathers the statistics on its device after the build.
         time_s: Where the last session's wall time went: ``setup``, ``search``, ``confirmation``, ``export``.
         confirmation_cut: What the last session's confirmation gave up to fit ``budget.minutes``, or None.
+        confirmation_allowance_s: The seconds the last session's confirmation was sized to: what ``budget.minutes``
+            left it, or without it a share of the search's seconds (``autotune.harness.deadline``).
     """
 
     strategy: str | None = None
@@ -49,6 +51,7 @@ class RunMeta:
     setup_stages_s: dict[str, float] = field(default_factory=dict)
     time_s: dict[str, float] = field(default_factory=dict)
     confirmation_cut: str | None = None
+    confirmation_allowance_s: float | None = None
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.api import analyze, check_data, references
+from autotune.backends import searching_references
 from autotune.config import ConfigError, TuneConfig
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.files import write_json
@@ -21,8 +22,11 @@ from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import confirmation_protocol
 from autotune.harness.selfcheck import (
+    bar_line,
+    bar_order,
     check_search_timing,
     confirmation_rounds,
+    measured_bar,
     say,
     with_measured_noise,
 )
@@ -244,11 +248,16 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     config, evaluator, store, deadline = session.config, session.evaluator, session.store, session.deadline
     wall_before = RunMeta.read(store).wall_s
     fp32 = evaluator.fp32_plan()  # the reference's own plan: the self-checks time the reference against itself
+    one_liners = one_liner_plans(evaluator, space.layer_names)
+    slow = searching_references(config.backend.name)  # a search of their own: timed in the confirmation alone
     with session.stage("timing_self_check"):
-        search_check = check_search_timing(evaluator, store, fp32)
+        search_check = check_search_timing(evaluator, store, fp32, [p for p in one_liners if p.reference not in slow])
+    bar = measured_bar(store)
+    one_liners = bar_order(one_liners, bar, config.accuracy_budget)
+    if not resumed and (line := bar_line(bar, config.accuracy_budget)):
+        say(line)
     setup_s = deadline.clock() - deadline.started
     RunMeta.write(store, setup_s=setup_s, setup_stages_s=dict(session.stage.seconds))
-    one_liners = one_liner_plans(evaluator, space.layer_names)
     rounds = confirmation_rounds(config.confirm, search_check) or config.confirm.rounds
     confirmation = _ConfirmationShape(
         config.confirm.top_k,
@@ -267,7 +276,7 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     times = {"setup": setup_s, "search": deadline.clock() - deadline.started - setup_s}
     summary = _confirm_and_export(session, space, fp32, one_liners, confirmation, times)
     RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started, time_s=times)
-    summary.update(_time_fields(store, deadline))
+    summary.update(_time_fields(store, deadline), references_before_search=bar or None)
     write_json(session.run.best / "summary.json", summary)
     winner = store.confirmations()[summary["plan_hash"]].plan
     session.monitor.text("winner", _winner_markdown(summary, space, winner))
@@ -343,7 +352,9 @@ def _confirm_and_export(
     config, store, deadline = session.config, session.store, session.deadline
     shares = {layer.name: layer.runtime_share for layer in space.layers if layer.runtime_share is not None}
     trials = list(store.trials())
-    size = deadline.size_confirmation(
+    bound = deadline if deadline.total_s is not None else RunDeadline.for_confirmation(times["search"], deadline.clock)
+    allowance_s = round(bound.left_s(), 1)
+    size = bound.size_confirmation(
         TrialCosts.of(trials, confirmation.limit_factor, config.measure.busy_patience_s),
         confirmation.finalists_of(trials, searching=False),
         len(one_liners),
@@ -356,7 +367,7 @@ def _confirm_and_export(
     knobs = dict(space.plan().knobs)
     confirm_finalists(session.evaluator, config.finalists, config.confirm, fp32, one_liners, shares, size, knobs)
     times["confirmation"] = deadline.clock() - started
-    RunMeta.write(store, time_s=times, confirmation_cut=size.note)
+    RunMeta.write(store, time_s=times, confirmation_cut=size.note, confirmation_allowance_s=allowance_s)
     # Ranked over every confirmation in the store: an earlier run's (imported with --from, or confirmed before a
     # resume) can outrank this run's finalists.
     started = deadline.clock()
@@ -374,6 +385,7 @@ def _time_fields(store: TrialStore, deadline: RunDeadline) -> dict[str, Any]:
         "time_s": {name: round(seconds, 2) for name, seconds in meta.time_s.items()},
         "time_shares": {name: round(seconds / wall, 3) for name, seconds in meta.time_s.items()} if wall else {},
         "time_budget_s": deadline.total_s,
+        "confirmation_allowance_s": meta.confirmation_allowance_s,
         "confirmation_cut": meta.confirmation_cut,
     }
 

@@ -25,10 +25,14 @@ MIN_CONFIRM_ROUNDS = 3
 """The fewest rounds a confirmation sized to its time may keep: a median of fewer is one round's luck."""
 ROUND_LIMIT_FACTOR = 4.0
 """Rounds a measurement may time per round it needs before it stops without quiet ones, where no protocol says
-(``Protocol.round_limit`` with ``measure.max_rounds`` unset; a run passes its own). The confirmation is costed at
-that limit: one of several plans finds rounds in which all of them ran at their pace less often than a trial of
-one plan (MiniLM's search trials timed 1.7 rounds per round they kept, its confirmation of four finalists and two
-one-liners its limit of 32 for 8, and a 10-minute run took 13)."""
+(``Protocol.round_limit`` with ``measure.max_rounds`` unset; a run passes its own): the most a confirmation is
+costed at per round it needs, unless the search's trials timed more."""
+INFLATION_FLOOR = 1.5
+"""The fewest rounds a confirmation is costed at per round it needs."""
+INFLATION_MARGIN = 1.5
+"""A confirmation is costed at this many times the rounds the search's trials timed per round they kept (at least
+``INFLATION_FLOOR``, at most the round limit): its plans count their rounds each (``autotune.quiet_rounds``), so
+several plans need about the rounds one does, and its timing stops at the run's end whatever the estimate."""
 EXPORT_SHARE = 0.6
 """The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""
 UNKNOWN_RESERVE_SHARE = 0.25
@@ -37,6 +41,12 @@ CONFIRMATION_SHARE = 0.4
 """The most of the budget the search keeps for the confirmation, unless one finalist in the fewest rounds needs
 more: the confirmation is then cut to the time left. Kept whole, a 5-minute MiniLM run's confirmation (four plans
 and FP32 at the round limit, 4.6 minutes) left its search one build, and it exported FP32."""
+CONFIRMATION_SEARCH_SHARE = 1.0
+"""Without ``budget.minutes``, the confirmation may take this many times the search's seconds (at least
+``CONFIRMATION_MIN_S``): a 100 ms encoder's confirmation of five finalists and two one-liners took twice its
+3-minute search and then confirmed again."""
+CONFIRMATION_MIN_S = 60.0
+"""The least time a confirmation bounded by the search's share gets: a search of seconds still confirms."""
 LAYERWISE_SHARE = 0.25
 """The share of the budget the layerwise calibration may take (``LayerwiseOptions.allowance_s``): the layers it has
 not reached by then take the method chosen most often, and the next run on the same cache measures them."""
@@ -55,8 +65,9 @@ class TrialCosts:
         prepare_s: Seconds to build and score one plan (the median trial's total less its timing).
         run_ms: Milliseconds of one timed run of a plan (the median trial's latency), and of FP32.
         reference_ms: Milliseconds of one run of the FP32 reference.
-        rounds_inflation: Rounds timed per round that counts, at the most (``ROUND_LIMIT_FACTOR``, or the
-            trials' own median where a busy machine made them time more).
+        rounds_inflation: Rounds timed per round that counts: ``INFLATION_MARGIN`` times the trials' own median,
+            within ``INFLATION_FLOOR`` and the round limit (``ROUND_LIMIT_FACTOR``), or the trials' median where a
+            busy machine made them time more than the limit.
         patience_s: Seconds a measurement may wait out a busy machine past its limit (``measure.busy_patience_s``).
         trial_s: Seconds of the median trial, end to end (the last build of a search runs to its end, and the
             agent's work after it is paced to about as long: ``ppo.compute_share``).
@@ -102,7 +113,7 @@ class TrialCosts:
             statistics.median(prepare),
             statistics.median(t.latency_ms for t in timed),
             statistics.median(t.reference_latency_ms for t in timed),
-            max(limit_factor, statistics.median(inflation)),
+            _inflation(statistics.median(inflation), limit_factor),
             patience_s,
             float(np.percentile(overhead, 75)) if overhead else 1.0,
             statistics.median(t.total_s for t in timed),
@@ -119,6 +130,11 @@ class TrialCosts:
         per_round_s = runs_per_round * (plans * self.run_ms + 2 * self.reference_ms) / 1e3
         timing_s = rounds * self.rounds_inflation * per_round_s * self.overhead + self.patience_s
         return (plans + 1 + EXPORT_SHARE) * self.prepare_s + timing_s
+
+
+def _inflation(trials_median: float, limit_factor: float) -> float:
+    """Rounds a confirmation is costed at per round it needs, from the trials' median (``TrialCosts``)."""
+    return max(trials_median, min(limit_factor, max(INFLATION_FLOOR, INFLATION_MARGIN * trials_median)))
 
 
 @dataclass(frozen=True)
@@ -154,10 +170,20 @@ class RunDeadline:
         clock: Seconds; injectable for tests.
     """
 
-    def __init__(self, minutes: float | None, started: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, minutes: float | None, started: float, clock: Callable[[], float] = time.time, limit: str = ""
+    ) -> None:
         self.total_s = None if minutes is None else 60.0 * minutes
         self.started = started
         self.clock = clock
+        self.limit = limit or (f"budget.minutes={minutes:g}" if minutes is not None else "")
+
+    @classmethod
+    def for_confirmation(cls, search_s: float, clock: Callable[[], float] = time.time) -> RunDeadline:
+        """The confirmation's own deadline in a run without ``budget.minutes``: a share of the search's seconds."""
+        allowance = max(CONFIRMATION_MIN_S, CONFIRMATION_SEARCH_SHARE * search_s)
+        limit = f"the confirmation's share ({CONFIRMATION_SEARCH_SHARE:g}x the search's {search_s:.0f} s)"
+        return cls(allowance / 60.0, clock(), clock, limit)
 
     def left_s(self) -> float:
         """Seconds left (``inf`` without a limit; negative once it has passed)."""
@@ -190,7 +216,7 @@ class RunDeadline:
         """
         left = self.left_s()
         if left <= 0:
-            return ConfirmationSize(0, 0, 0, spare=False, note=_none_fits(left, None))
+            return ConfirmationSize(0, 0, 0, spare=False, note=_none_fits(self.limit, left, None))
         if costs is None or math.isinf(left):
             return ConfirmationSize(top_k, references, rounds, spare=True)
         spare = costs.confirmation_s(top_k + references, 2 * rounds, runs_per_round) <= left
@@ -198,29 +224,43 @@ class RunDeadline:
         for finalists, kept, kept_rounds in _smaller(top_k, references, rounds):
             if costs.confirmation_s(finalists + kept, kept_rounds, runs_per_round) <= left:
                 cut = (finalists, kept, kept_rounds) != (top_k, references, rounds)
-                note = _cut_note(left, (top_k, references, rounds), (finalists, kept, kept_rounds)) if cut else None
+                note = (
+                    _cut_note(self.limit, left, (top_k, references, rounds), (finalists, kept, kept_rounds))
+                    if cut
+                    else None
+                )
                 return ConfirmationSize(finalists, kept, kept_rounds, spare and not cut, note, stop_at)
         return ConfirmationSize(
-            0, 0, 0, spare=False, note=_none_fits(left, costs.confirmation_s(1, MIN_CONFIRM_ROUNDS, runs_per_round))
+            0,
+            0,
+            0,
+            spare=False,
+            note=_none_fits(self.limit, left, costs.confirmation_s(1, MIN_CONFIRM_ROUNDS, runs_per_round)),
         )
 
 
 def _smaller(top_k: int, references: int, rounds: int) -> list[tuple[int, int, int]]:
-    """Confirmations from the configured one down to one finalist alone in the fewest rounds, in that order."""
+    """Confirmations from the configured one down to one finalist alone in the fewest rounds, in that order.
+
+    The last one-liner stays while any rounds can be given up: the one-liners come first in the order the run
+    measured them before its search (the fastest within the budget first), and the winner's margin over it is the
+    figure a user reads.
+    """
+    fewest = min(rounds, MIN_CONFIRM_ROUNDS)
     sizes = [(finalists, references, rounds) for finalists in range(top_k, 0, -1)]
-    sizes += [(1, kept, rounds) for kept in range(references - 1, -1, -1)]
-    sizes += [(1, 0, kept) for kept in range(rounds - 1, min(rounds, MIN_CONFIRM_ROUNDS) - 1, -1)]
-    return sizes
+    sizes += [(1, kept, rounds) for kept in range(references - 1, 0, -1)]
+    sizes += [(1, min(1, references), kept) for kept in range(rounds - 1, fewest - 1, -1)]
+    return sizes + [(1, 0, kept) for kept in range(rounds, fewest - 1, -1)] if references else sizes
 
 
-def _none_fits(left_s: float, one_s: float | None) -> str:
+def _none_fits(limit: str, left_s: float, one_s: float | None) -> str:
     """One line: why the run exports FP32."""
     takes = "" if one_s is None else f", less than confirming one finalist takes (about {one_s:.0f} s)"
-    return f"budget.minutes leaves {max(0.0, left_s):.0f} s{takes}: FP32 alone is confirmed and exported"
+    return f"{limit} leaves {max(0.0, left_s):.0f} s{takes}: FP32 alone is confirmed and exported"
 
 
-def _cut_note(left_s: float, asked: tuple[int, int, int], kept: tuple[int, int, int]) -> str:
+def _cut_note(limit: str, left_s: float, asked: tuple[int, int, int], kept: tuple[int, int, int]) -> str:
     """One line: what the confirmation gave up to fit the time left."""
     names = ("finalists", "one-liners", "rounds")
     parts = [f"{kept[i]} of {asked[i]} {name}" for i, name in enumerate(names) if kept[i] != asked[i]]
-    return f"budget.minutes leaves {left_s:.0f} s: the confirmation is cut to {', '.join(parts)}"
+    return f"{limit} leaves {left_s:.0f} s: the confirmation is cut to {', '.join(parts)}"

@@ -8,10 +8,13 @@ confirmation in more rounds, and treats speedups closer than the measured noise 
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.config import ConfirmConfig, TuneConfig
+from autotune.harness.deadline import MIN_CONFIRM_ROUNDS
 from autotune.harness.evaluator import Evaluator
 from autotune.interference import Busy
 from autotune.noise import SELF_CHECK_BAND, SelfCheck
@@ -19,11 +22,20 @@ from autotune.plan import Plan
 from autotune.store import TrialStore
 from autotune.trial import TrialResult
 
+REFERENCES_META = "references_first"
+"""Run metadata: the one-liners measured beside the search's self-check, name to ``{ok, speedup, accuracy_drop}``
+or ``{ok: False, error}`` (``check_search_timing``)."""
 SELF_CHECK_META = "self_check"
 """Run metadata: ``{"search": SelfCheck dict, "confirmation": SelfCheck dict, "widened_rounds": int | None}``."""
 
 WIDENING = 2
 """How many times ``confirm.rounds`` a confirmation times when a self-check left the band."""
+RESOLUTION = 0.01
+"""The relative difference the confirmation's median ratio should resolve (``confirmation_rounds``)."""
+NORMAL_IQR_SIGMA = 1 / 1.349
+"""A normal scatter's standard deviation per unit of its interquartile range."""
+MEDIAN_EFFICIENCY = 1.2533
+"""The median of ``n`` normal draws scatters by this many times ``sigma / sqrt(n)``."""
 
 
 def stored_checks(store: TrialStore) -> dict[str, Any]:
@@ -47,29 +59,89 @@ def say(line: str) -> None:
     print(f"autotune: note: {line}", file=sys.stderr)
 
 
-def check_search_timing(evaluator: Evaluator, store: TrialStore, fp32: Plan) -> SelfCheck | None:
-    """FP32 timed against the FP32 reference before the search, by the search's protocol; once per run.
+def check_search_timing(
+    evaluator: Evaluator, store: TrialStore, fp32: Plan, beside: Sequence[Plan] = ()
+) -> SelfCheck | None:
+    """FP32 timed against the FP32 reference before the search, the one-liners ``beside`` it; once per run.
 
-    The measurement is no build of the search (it is not stored as a trial). A resumed run reuses the stored one.
+    The one-liners are the user's fixed alternatives: timed in the same rounds at the start, the bar the search must
+    clear is known before it starts (``bar_order``, ``bar_line``), and the confirmation, cut to its time, keeps the
+    fastest within the budget. The measurement is no build of the search (it is not stored as a trial). A resumed
+    run reuses the stored one.
 
     Returns:
-        The self-check, or None when FP32 could not be measured (the search then has no noise figure).
+        The self-check, or None when FP32 could not be measured or ``confirm.self_check`` is off (the search then
+        has no noise figure).
     """
-    if not evaluator.config.confirm.self_check:
-        return None
+    checking = evaluator.config.confirm.self_check
     stored = stored_checks(store).get("search")
-    if stored:
-        return SelfCheck.from_dict(stored)
-    result = evaluator.measure(fp32, "evaluation")
-    if not result.ok or not result.speedup:
+    if stored or store.get_meta(REFERENCES_META) is not None:
+        return SelfCheck.from_dict(stored) if stored and checking else None
+    plans = [fp32] * checking + list(beside)
+    if not plans:
+        return None
+    results = evaluator.measure_side_by_side(plans, "evaluation")
+    store.set_meta(
+        REFERENCES_META, {p.reference: _bar_row(r) for p, r in zip(plans, results, strict=True) if p.reference}
+    )
+    result = results[0]
+    if not checking or not result.ok or not result.speedup:
         return None
     check = SelfCheck.of(result.speedup, result.round_speedups)
     _store(store, search=check.to_dict())
     if not check.within_band:
         rounds = WIDENING * evaluator.config.confirm.rounds
-        consequence = f"ratios closer than {check.noise:.1%} are ties; the confirmation times {rounds} rounds"
+        consequence = f"ratios closer than {check.noise:.1%} are ties; the confirmation times up to {rounds} rounds"
         say(note(check, "search", consequence))
     return check
+
+
+def _bar_row(result: TrialResult) -> dict[str, Any]:
+    """A one-liner as measured before the search: its speedup and drop, or its error."""
+    if not result.ok:
+        return {"ok": False, "error": result.error}
+    return {"ok": True, "speedup": result.speedup, "accuracy_drop": result.accuracy_drop}
+
+
+def measured_bar(store: TrialStore) -> dict[str, dict[str, Any]]:
+    """The one-liners measured before the search, name to row (empty where none was)."""
+    return dict(store.get_meta(REFERENCES_META, {}) or {})
+
+
+def bar_order(one_liners: Sequence[Plan], bar: dict[str, dict[str, Any]], budget: float) -> list[Plan]:
+    """The one-liners, the fastest within the budget first, then the rest by speed, then those not measured.
+
+    A confirmation cut to its time keeps the first ones (``RunDeadline.size_confirmation``).
+    """
+
+    def key(plan: Plan) -> tuple[int, float]:
+        row = bar.get(plan.reference or "")
+        if not row or not row.get("ok"):
+            return (2, 0.0)
+        return (0 if row["accuracy_drop"] <= budget else 1, -float(row["speedup"] or 0.0))
+
+    return sorted(one_liners, key=key)
+
+
+def bar_line(bar: dict[str, dict[str, Any]], budget: float) -> str | None:
+    """One line before the search: the fastest engine within the budget without autotune, and the one-liners over it."""
+    measured = {name: row for name, row in bar.items() if row.get("ok") and row.get("speedup")}
+    if not bar:
+        return None
+    within = {name: row for name, row in measured.items() if row["accuracy_drop"] <= budget}
+    best = max(within, key=lambda name: within[name]["speedup"], default=None)
+    head = (
+        f"the bar before the search: {best} {within[best]['speedup']:.2f}x FP32 within the budget"
+        if best is not None and within[best]["speedup"] > 1.0
+        else "the bar before the search: FP32 (no one-liner within the budget runs faster)"
+    )
+    others = [
+        f"{name} {row['speedup']:.2f}x at drop {row['accuracy_drop']:.3g}{'' if name in within else ' (over)'}"
+        for name, row in sorted(measured.items(), key=lambda item: -item[1]["speedup"])
+        if name != best
+    ]
+    failed = [f"{name} failed" for name, row in bar.items() if name not in measured]
+    return "; ".join([head, *others, *failed])
 
 
 def with_measured_noise(config: TuneConfig, check: SelfCheck | None) -> TuneConfig:
@@ -81,10 +153,20 @@ def with_measured_noise(config: TuneConfig, check: SelfCheck | None) -> TuneConf
 
 
 def confirmation_rounds(confirm: ConfirmConfig, check: SelfCheck | None) -> int | None:
-    """Rounds for the confirmation: widened when the search's self-check left the band, else None (the config's)."""
-    if check is None or check.within_band:
+    """Rounds for the confirmation, sized from the search's self-check; None without one (``confirm.rounds``).
+
+    Enough rounds for the median of their ratios to resolve ``RESOLUTION`` at the noise FP32 against itself read
+    (its rounds' spread, taken as a normal scatter): between ``MIN_CONFIRM_ROUNDS`` and ``confirm.rounds``, or
+    between ``confirm.rounds`` and ``WIDENING`` times that where the check left its band. A quiet machine confirms
+    in few rounds; a noisy one in more, instead of a fixed count timed again and again.
+    """
+    if check is None:
         return None
-    return WIDENING * confirm.rounds
+    sigma = NORMAL_IQR_SIGMA * 2.0 * check.spread  # the spread is half the rounds' interquartile range
+    needed = math.ceil((MEDIAN_EFFICIENCY * sigma / RESOLUTION) ** 2)
+    if not check.within_band:  # a bias, not only a scatter: at least the configured rounds
+        return max(confirm.rounds, min(WIDENING * confirm.rounds, needed))
+    return max(min(MIN_CONFIRM_ROUNDS, confirm.rounds), min(confirm.rounds, needed))
 
 
 def check_confirmation_timing(

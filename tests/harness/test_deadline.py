@@ -40,8 +40,11 @@ def test_trial_costs_separate_building_and_scoring_from_timing():
     # 4 rounds x 7 runs x (10 + 20) ms = 0.84 s of timing in a 3.84 s trial: 3 s to build and score
     costs = TrialCosts.of([_trial(3.84, 10.0, 20.0)], limit_factor=4.0, patience_s=5.0)
     assert costs.prepare_s == pytest.approx(3.0)
-    # the confirmation is costed at its round limit, and at the patience on top
-    assert (costs.run_ms, costs.reference_ms, costs.rounds_inflation, costs.patience_s) == (10.0, 20.0, 4.0, 5.0)
+    # the confirmation is costed at half again the rounds its trials needed (at least 1.5 per round), and the
+    # patience on top: each plan counts its own rounds, so several plans need about the rounds one does
+    assert (costs.run_ms, costs.reference_ms, costs.rounds_inflation, costs.patience_s) == (10.0, 20.0, 1.5, 5.0)
+    assert TrialCosts.of([_trial(6.72, 10.0, 20.0, rounds_timed=8)], limit_factor=4.0).rounds_inflation == 3.0
+    assert TrialCosts.of([_trial(6.72, 10.0, 20.0, rounds_timed=12)], limit_factor=4.0).rounds_inflation == 4.0
     # a busy machine whose trials timed 24 rounds to keep 4 (back-offs) costs more than the limit
     assert TrialCosts.of([_trial(6.72, 10.0, 20.0, rounds_timed=24)], limit_factor=4.0).rounds_inflation == 6.0
 
@@ -95,6 +98,9 @@ def test_a_confirmation_gives_up_finalists_first_then_one_liners_then_rounds():
     cut = deadline.size_confirmation(costs, 5, 2, 8, 12)
     assert (cut.finalists, cut.references, cut.rounds, cut.spare) == (3, 2, 8, False)
     assert "3 of 5 finalists" in cut.note and "one-liners" not in cut.note
+    now[0] = 1000.0 + 60.0 - costs.confirmation_s(2, 6, 12) - 0.01  # one finalist and one one-liner, 6 rounds
+    kept = deadline.size_confirmation(costs, 5, 2, 8, 12)
+    assert (kept.finalists, kept.references, kept.rounds) == (1, 1, 6)  # rounds go before the last one-liner
     now[0] = 1000.0 + 60.0 - costs.confirmation_s(1, 8, 12) - 0.01  # one finalist alone
     alone = deadline.size_confirmation(costs, 5, 2, 8, 12)
     assert (alone.finalists, alone.references, alone.rounds) == (1, 0, 8)
@@ -204,3 +210,17 @@ def test_the_search_stops_a_trial_and_the_policys_work_after_it_before_the_confi
     now, deadline = _clock()
     expected = 60.0 - costs.confirmation_s(3, 8, 12) - 2 * 4.0
     assert deadline.search_left_s(costs, 3, 8, 12) == pytest.approx(expected)
+
+
+def test_without_minutes_the_confirmation_gets_a_share_of_the_searchs_seconds():
+    from autotune.harness.deadline import CONFIRMATION_MIN_S, CONFIRMATION_SEARCH_SHARE
+
+    now = [1000.0]
+    bound = RunDeadline.for_confirmation(180.0, lambda: now[0])
+    assert bound.left_s() == pytest.approx(max(CONFIRMATION_MIN_S, CONFIRMATION_SEARCH_SHARE * 180.0))
+    costs = TrialCosts(prepare_s=1.0, run_ms=200.0, reference_ms=200.0, rounds_inflation=1.5)
+    size = bound.size_confirmation(costs, 5, 2, 8, 12)
+    assert costs.confirmation_s(size.finalists + size.references, size.rounds, 12) <= bound.left_s()
+    assert size.note.startswith("the confirmation's share (1x the search's 180 s) leaves 180 s")
+    assert size.stop_at == pytest.approx(1000.0 + 180.0 - EXPORT_SHARE * 1.0)
+    assert RunDeadline.for_confirmation(5.0, lambda: now[0]).left_s() == pytest.approx(CONFIRMATION_MIN_S)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.harness.deadline import MIN_CONFIRM_ROUNDS
 from autotune.harness.selfcheck import (
     WIDENING,
+    bar_line,
+    bar_order,
     check_confirmation_timing,
     check_search_timing,
     confirmation_noise,
     confirmation_rounds,
+    measured_bar,
     stored_checks,
     summary_fields,
     with_measured_noise,
@@ -21,6 +25,8 @@ from autotune.trial import TrialResult
 
 FP32 = Plan.make({"fc1": "fp32", "fc2": "fp32"})
 INT8 = Plan.make({"fc1": "int8", "fc2": "fp32"})
+ONE_LINERS = {"ort-static": (1.14, 0.37), "ort-dynamic": (1.48, 0.0225), "quick": (1.2, 0.001)}
+"""Scripted one-liners: name to (speedup, drop)."""
 
 
 def _result(plan: Plan, rounds: list[float], drop: float = 0.0) -> TrialResult:
@@ -39,6 +45,21 @@ class ScriptedEvaluator:
     def measure(self, plan, split="evaluation", protocol=None):
         self.calls.append(("measure", None))
         return _result(plan, self.fp32_rounds.pop(0))
+
+    def measure_side_by_side(self, plans, split="evaluation", protocol=None):
+        """FP32's scripted rounds; a one-liner named in ``ONE_LINERS`` its (speedup, drop), or a failure."""
+        self.calls.append(("measure", None))
+        fp32 = self.fp32_rounds.pop(0) if FP32 in plans else [1.0]
+        results = []
+        for plan in plans:
+            if plan.reference is None:
+                results.append(_result(plan, fp32))
+            elif plan.reference in ONE_LINERS:
+                speedup, drop = ONE_LINERS[plan.reference]
+                results.append(_result(plan, [speedup] * len(fp32), drop))
+            else:
+                results.append(TrialResult.failure(plan, "BuildError: no such thing"))
+        return results
 
     def confirm_side_by_side(self, plans, rounds=None, stop_at=None):
         self.calls.append(("confirm", rounds))
@@ -59,7 +80,7 @@ def test_a_true_search_check_is_stored_once_and_sets_the_reward_s_tie_noise(tmp_
         assert check_search_timing(evaluator, store, FP32) == check  # a resumed run reuses it
         assert evaluator.calls == [("measure", None)]
         assert stored_checks(store)["search"]["ratio"] == pytest.approx(check.ratio)
-    assert confirmation_rounds(config.confirm, check) is None
+    assert confirmation_rounds(config.confirm, check) == MIN_CONFIRM_ROUNDS  # a quiet machine: the fewest rounds
     assert with_measured_noise(config, check).reward.tie_within == pytest.approx(0.01)
     assert capsys.readouterr().err == ""
 
@@ -69,7 +90,7 @@ def test_a_search_check_outside_the_band_says_so_in_one_line_and_widens_the_conf
     with TrialStore(tmp_path / "trials.sqlite") as store:
         check = check_search_timing(evaluator, store, FP32)
     assert not check.within_band
-    assert confirmation_rounds(config.confirm, check) == WIDENING * 4
+    assert confirmation_rounds(config.confirm, check) == 4  # a bias: the configured rounds at least
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "outside [0.97, 1.03]" in lines[0] and f"{WIDENING * 4} rounds" in lines[0]
 
@@ -162,3 +183,42 @@ def test_the_summary_counts_the_trials_and_confirmations_other_work_got_in_the_w
         assert "the machine was shared: other work slowed 1 of 1 trials" in fields["timing_note"]
         store.put_confirmation(dataclasses.replace(_result(INT8, [1.2]), busy=BUSY))
         assert "no quiet rounds for 1 of 2 confirmations" in summary_fields(store)["timing_note"]
+
+
+def test_the_confirmation_rounds_grow_with_the_noise_fp32_read_against_itself(config):
+    from autotune.noise import SelfCheck
+
+    quiet = SelfCheck(ratio=1.0, low=0.99, high=1.01, rounds=40, spread=0.002)
+    noisy = SelfCheck(ratio=1.0, low=0.9, high=1.1, rounds=40, spread=0.02)
+    biased = SelfCheck(ratio=0.9, low=0.88, high=0.92, rounds=40, spread=0.06)
+    assert confirmation_rounds(config.confirm, quiet) == MIN_CONFIRM_ROUNDS
+    assert confirmation_rounds(config.confirm, noisy) == config.confirm.rounds  # needs 14, capped at 4
+    assert confirmation_rounds(config.confirm, biased) == WIDENING * config.confirm.rounds
+
+
+def test_the_one_liners_are_timed_beside_the_self_check_and_set_the_bar_before_the_search(tmp_path, config, capsys):
+    evaluator = ScriptedEvaluator(config, [[0.99, 1.01]])
+    names = ["ort-static", "ort-dynamic", "quick", "broken"]
+    one_liners = [Plan.reference_plan(["fc1", "fc2"], name) for name in names]
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        check = check_search_timing(evaluator, store, FP32, one_liners)
+        assert check.within_band and evaluator.calls == [("measure", None)]  # one measurement for all of them
+        bar = measured_bar(store)
+        assert check_search_timing(evaluator, store, FP32, one_liners) == check and len(evaluator.calls) == 1
+    assert bar["quick"] == {"ok": True, "speedup": 1.2, "accuracy_drop": 0.001} and not bar["broken"]["ok"]
+    # the fastest within the budget first: a confirmation cut to one one-liner keeps it
+    assert [p.reference for p in bar_order(one_liners, bar, 0.01)] == ["quick", "ort-dynamic", "ort-static", "broken"]
+    assert [p.reference for p in bar_order(one_liners, bar, 0.05)][:2] == ["ort-dynamic", "quick"]
+    line = bar_line(bar, 0.01)
+    assert line.startswith("the bar before the search: quick 1.20x FP32 within the budget")
+    assert "ort-dynamic 1.48x at drop 0.0225 (over)" in line and "broken failed" in line
+    assert bar_line(bar, 0.0001).startswith("the bar before the search: FP32 (no one-liner within the budget")
+    assert capsys.readouterr().err == ""
+
+
+def test_without_the_self_check_the_one_liners_are_still_timed_first(tmp_path):
+    config = tiny_config(tmp_path)  # the tiny runs keep the self-check off
+    evaluator = ScriptedEvaluator(config, [])
+    with TrialStore(tmp_path / "trials.sqlite") as store:
+        assert check_search_timing(evaluator, store, FP32, [Plan.reference_plan(["fc1", "fc2"], "quick")]) is None
+        assert measured_bar(store)["quick"]["speedup"] == pytest.approx(1.2)
