@@ -39,6 +39,8 @@ class RunMeta:
         confirmation_cut: What the last session's confirmation gave up to fit ``budget.minutes``, or None.
         confirmation_allowance_s: The seconds the last session's confirmation was sized to: what ``budget.minutes``
             left it, or without it a share of the search's seconds (``autotune.harness.deadline``).
+        search_split_s: Where the last session's search time went: ``trials`` (building, scoring and timing
+            plans) and ``strategy`` (the rest: the policy's rollouts, rehearsals and updates, the planner's model).
     """
 
     strategy: str | None = None
@@ -52,6 +54,7 @@ class RunMeta:
     time_s: dict[str, float] = field(default_factory=dict)
     confirmation_cut: str | None = None
     confirmation_allowance_s: float | None = None
+    search_split_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

@@ -267,13 +267,14 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
         confirmation_protocol(config.measure, config.confirm, rounds).round_limit / rounds,
     )
     try:
-        fixed = _timed_search(
+        fixed, trials_s = _timed_search(
             session, space, strategy, resumed, with_measured_noise(config, search_check), confirmation
         )
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
         RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started)
-    RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash)
     times = {"setup": setup_s, "search": deadline.clock() - deadline.started - setup_s}
+    split = {"trials": round(trials_s, 2), "strategy": round(times["search"] - trials_s, 2)}
+    RunMeta.write(store, free_knobs=fixed, fp32_plan_hash=fp32.hash, search_split_s=split)
     summary = _confirm_and_export(session, space, fp32, one_liners, confirmation, times)
     RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started, time_s=times)
     summary.update(_time_fields(store, deadline), references_before_search=bar or None)
@@ -314,8 +315,12 @@ def _timed_search(
     resumed: bool,
     searched: TuneConfig,
     confirmation: _ConfirmationShape,
-) -> dict[str, KnobValue]:
-    """The search, its driver's deadline moved after every trial to leave the confirmation the time it needs."""
+) -> tuple[dict[str, KnobValue], float]:
+    """The search, its driver's deadline moved after every trial to leave the confirmation the time it needs.
+
+    Returns:
+        The free knobs the seeds fixed, and the seconds the search's builds took (the rest was the strategy's).
+    """
     config, deadline, store = session.config, session.deadline, session.store
     harness = MonitoredHarness(session.evaluator, session.monitor)
     driver = Driver.for_budget(harness, config.budget, space)
@@ -337,7 +342,7 @@ def _timed_search(
             f"the search stopped at budget.minutes={config.budget.minutes:g} after {driver.builds} of "
             f"{config.budget.builds} builds, leaving time to confirm the finalists"
         )
-    return fixed
+    return fixed, driver.build_s
 
 
 def _confirm_and_export(
@@ -386,6 +391,7 @@ def _time_fields(store: TrialStore, deadline: RunDeadline) -> dict[str, Any]:
         "time_shares": {name: round(seconds / wall, 3) for name, seconds in meta.time_s.items()} if wall else {},
         "time_budget_s": deadline.total_s,
         "confirmation_allowance_s": meta.confirmation_allowance_s,
+        "search_time_s": meta.search_split_s or None,
         "confirmation_cut": meta.confirmation_cut,
     }
 

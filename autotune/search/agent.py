@@ -71,6 +71,10 @@ class TrialModels:
         return Planner(rule, space, self.surrogate, self.measured, self.prior, workers)
 
 
+MAX_SKIPPED_ROLLOUTS = 8
+"""The most cycles the policy's real rollouts pause after rollouts that built nothing (``_Agent.roll_out``)."""
+
+
 class ComputePace:
     """Keeps the agent's own compute to ``share`` times the wall time of its builds so far.
 
@@ -115,6 +119,10 @@ class ComputePace:
         allowed = self.share * self.build_s - self.agent_s
         fits = int(allowed / self.episode_s) if allowed > 0 and self.episode_s > 0 else 0
         return min(most, fits // rollout_episodes * rollout_episodes)
+
+    def within_share(self) -> bool:
+        """The agent's compute so far is within ``share`` times its builds' time (always with no limit)."""
+        return self.share <= 0 or self.agent_s <= self.share * self.build_s
 
     def rehearsed(self, episodes: int, seconds: float) -> None:
         """Records a rehearsal's episodes and wall time, which price the next one."""
@@ -296,6 +304,8 @@ class _Agent:
         self.fresh = not paths.resume
         # A policy that has learned (a resumed run's) is not cloned again: that would undo what it learned.
         self.cloned = self.model.num_timesteps > 0
+        self.idle_rollouts = 0  # real rollouts in a row that built nothing
+        self.skip_rollouts = 0  # cycles left in which the planner builds instead of a real rollout
 
     def _env_factory(self, estimates: Callable[[], Any] | None) -> Callable[[Callable[[Plan], TrialResult]], Any]:
         from envs.engine_build import EngineBuildEnv  # the env is a shell over autotune.search; only the agent uses it
@@ -356,14 +366,41 @@ class _Agent:
             self.rehearse()
             if self.plan():  # a rollout would build at least one plan more
                 break
-            self.model.set_env(self.real)
-            self.model.learn(self.rollout, callback=callback, reset_num_timesteps=self.fresh, log_interval=1)
-            self.fresh = False
-            if driver.left and driver.stalled >= driver.stall:
+            builds, rolled = driver.builds, self.rollout_due()
+            if rolled:
+                self.roll_out(callback)
+            if driver.left and (driver.stalled >= driver.stall or self.idle_rollouts):
                 # A converged policy repeats plans the store answers for free: the budget left goes to plans not
                 # built yet (whose builds end the stall), and the run ends early only when there are none.
                 driver.build(self.planner.unbuilt(self.current, driver.workers, config.seed + driver.builds))
+            if not rolled and driver.builds == builds:  # nothing else moved the search on: the policy does
+                self.roll_out(callback)
         save_checkpoint(self.model, self.checkpoints, driver.builds if driver.builds >= driver.budget else None)
+
+    def rollout_due(self) -> bool:
+        """Whether the next real rollout runs.
+
+        Not while the policy's compute is ahead of its share of the builds' time, nor in the cycles after a rollout
+        that built nothing (twice as many after each such rollout): the planner builds then.
+        """
+        if self.skip_rollouts > 0:
+            self.skip_rollouts -= 1
+            return False
+        return self.pace.within_share()
+
+    def roll_out(self, callback: Any) -> None:
+        """One real rollout: the policy's plans built (the store answers those built already) and learned from."""
+        builds = self.driver.builds
+        self.model.set_env(self.real)
+        self.model.learn(self.rollout, callback=callback, reset_num_timesteps=self.fresh, log_interval=1)
+        self.fresh = False
+        if self.driver.builds > builds:
+            self.idle_rollouts = 0
+            return
+        # Every plan of the rollout was built already: the policy has converged on what the store holds, and its
+        # next rollouts would be store hits too. The planner's unbuilt plans take their place for a while.
+        self.idle_rollouts += 1
+        self.skip_rollouts = min(MAX_SKIPPED_ROLLOUTS, 2 ** (self.idle_rollouts - 1))
 
     def rehearse(self) -> None:
         """Clones a fresh policy toward the model's best plan once, then learns from the episodes the pace allows."""

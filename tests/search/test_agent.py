@@ -318,8 +318,11 @@ def test_the_pace_gives_rehearsals_only_the_episodes_the_builds_time_pays_for():
     pace.rehearsed(8, 0.8)
     assert pace.build_s == pytest.approx(2.0) and pace.agent_s == pytest.approx(0.8)
     assert pace.rehearsal_episodes(128, 8) == 8  # 1.2 s left: 12 episodes fit, in whole rollouts of 8
+    assert pace.within_share()  # a real rollout may run too
     now[0] += 1.2
     assert pace.rehearsal_episodes(128, 8) == 0  # the agent has caught up with its builds
+    now[0] += 0.1
+    assert not pace.within_share()  # ahead of its builds: the planner builds instead of a rollout
     for index in range(20):
         evaluate(index)
     assert pace.rehearsal_episodes(128, 8) == 128  # builds of 40 s pay for the whole rehearsal
@@ -366,3 +369,35 @@ def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_ye
         TrialModels(surrogate=lambda: model, measured=lambda: set(measured)),
     )
     assert len(measured) == 12
+
+
+def test_a_converged_policy_pauses_its_rollouts_so_store_hits_stay_few_per_build(tmp_path):
+    # The demo's run answered 2,298 plans from the store in 40 builds: a policy that proposes what is built already
+    # must hand its turns to the planner's plans not built yet, not roll out store hits until the stall rule ends it.
+    space = tiny_space()
+    evaluate = synthetic_evaluator(space)
+    measured: dict[str, object] = {}
+    calls = {"n": 0}
+
+    def stored(plan):
+        calls["n"] += 1
+        if plan.hash not in measured:
+            measured[plan.hash] = evaluate(plan)
+        return measured[plan.hash]
+
+    config = tiny_config(
+        tmp_path,
+        budget={"builds": 14, "stall_episodes": 400},
+        ppo={"episodes_per_update": 4, "imagined_episodes": 4},
+        planner={"probe_plans": False, "build_model_plan": True},
+    )
+    model = _FixedModel()
+    train(
+        config,
+        space,
+        _driver(config, stored, lambda: len(measured)),
+        _paths(tmp_path),
+        TrialModels(surrogate=lambda: model, measured=lambda: set(measured)),
+    )
+    hits = calls["n"] - len(measured)
+    assert len(measured) == 14 and hits <= 14, hits  # a rollout of store hits pauses the next ones (23 without)
