@@ -15,7 +15,6 @@ from autotune.searchconfig import FinalistRule, PlannerConfig, PlanningRule, PPO
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
 CALIBRATION_METHODS = ("layerwise", "max", "percentile", "entropy")
-WEIGHT_GRANULARITIES = ("per_channel", "per_tensor")
 
 
 class ConfigError(ValueError):
