@@ -411,7 +411,7 @@ class TorchBackend(Backend):
     def _release_memory(self) -> None:
         """Frees the previous trial's module and graph before the next build allocates its own.
 
-        Nothing before the first build: a collection then only walks the heap transformers left (0.4 s for MiniLM).
+        Nothing before the first build: a collection then only walks the heap transformers left.
         """
         if not self._built:
             self._built = True
