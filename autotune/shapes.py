@@ -5,8 +5,7 @@ back serialized again: seconds for a model of hundreds of MB, in both of a run's
 and dims of an initializer, and the values of the small ones a shape is computed from, so here it runs on a copy
 whose large initializers are stubs with no bytes: the same result in a fraction of the time
 (``bench/research/shape_inference.py``; docs/method.md#measurements-behind-the-codes-choices). ``known_shapes`` reads
-every tensor's shape that inference resolved, with
-ONNX Runtime's symbolic inference where ONNX's stops.
+every tensor's shape that inference resolved, with ONNX Runtime's symbolic inference where ONNX's stops.
 """
 
 from __future__ import annotations
