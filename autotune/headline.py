@@ -114,7 +114,7 @@ def headline_lines(summary: Mapping[str, Any]) -> list[str]:
             beaten.append(f"{value:.2f}x {timing} ({best})")
         else:
             not_beaten.append(timing)
-    caveat = " (the timing note below applies)" if summary.get("timing_note") else ""
+    caveat = "; the timing note below applies" if summary.get("timing_note") else ""
     lines = []
     if beaten:
         lines.append(f"winner against the fastest engine within the budget without autotune: {', '.join(beaten)}")

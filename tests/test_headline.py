@@ -60,8 +60,8 @@ def test_fp32_is_the_alternative_where_every_one_liner_within_the_budget_is_slow
     summary = summary_of(winner, FP32, references, timing_note="the machine was busy")
     assert summary["best_alternative"] == "fp32" and summary["winner_over_best_alternative"] == pytest.approx(1.3)
     assert summary["headline"] == [
-        "winner against the fastest engine within the budget without autotune: 1.30x one launch (fp32) "
-        "(the timing note below applies)"
+        "winner against the fastest engine within the budget without autotune: 1.30x one launch (fp32); "
+        "the timing note below applies"
     ]
 
 
