@@ -26,6 +26,7 @@ from autotune.config import ConfigError, TuneConfig, apply_overrides, dump_confi
 from autotune.confirm import export_ranked
 from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
+from autotune.headline import headline_lines
 from autotune.interference import Busy
 from autotune.noise import compare_rounds
 from autotune.plan import PRECISIONS
@@ -231,12 +232,8 @@ def _print_summary(summary: dict) -> None:
     for label, row in rows:
         if row:
             print(_summary_row(label, row))
-    best, ratio = summary.get("best_reference"), summary.get("winner_over_best_reference")
-    if best and ratio:
-        pipelined_ratio = summary.get("winner_over_best_reference_back_to_back")
-        both = f", {pipelined_ratio:.2f}x back to back" if pipelined_ratio else ""
-        caveat = " (the timing note below applies)" if summary.get("timing_note") else ""
-        print(f"winner against the fastest one-liner within the budget ({best}): {ratio:.2f}x one launch{both}{caveat}")
+    for line in summary.get("headline") or headline_lines(summary):
+        print(line)
     if summary.get("reference_note"):
         print(f"note: {summary['reference_note']}")
     check = (summary.get("self_check") or {}).get("confirmation")

@@ -15,7 +15,6 @@ from autotune.searchconfig import FinalistRule, PlannerConfig, PlanningRule, PPO
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 KnobValue = str | int | float | bool
 CALIBRATION_METHODS = ("layerwise", "max", "percentile", "entropy")
-WEIGHT_GRANULARITIES = ("per_channel", "per_tensor")
 
 
 class ConfigError(ValueError):
@@ -300,7 +299,7 @@ class MeasureConfig(_Strict):
     """The latency protocol: the candidate and the FP32 reference alternate, rounds x repeats each."""
 
     warmup: int = Field(2, ge=1)
-    """Untimed runs after every switch between sessions (the first run after a switch is 1.5x slower)."""
+    """Untimed runs after every switch between sessions (the first run after a switch is the slowest)."""
     repeats: int = Field(5, ge=1)
     """Timed runs of each session per round."""
     rounds: int = Field(4, ge=1)
@@ -329,8 +328,8 @@ class MeasureConfig(_Strict):
     """Rounds count only while other processes took at most this share of the cores the trial process may use
     (``/proc/stat``, steal included, read over spans of at least 0.5 s, so a shorter measurement times on until
     one can be read). Beside another busy process, even at ``nice 19``, the timed threads hardly waited for a core
-    while all-INT8 ran 1.5x slower and FP32 1.2x: such spans are timed again, and a measurement that finds none
-    other says the machine was too busy. None: not checked."""
+    while all-INT8 slowed more than FP32: such spans are timed again, and a measurement that finds none other says
+    the machine was too busy. None: not checked."""
     busy_patience_s: float = Field(5.0, ge=0)
     """Seconds a measurement that found no quiet rounds while another process held the cores may spend past its
     round limit, waiting off the cores (random back-offs of up to 2 s) and timing more rounds after each, before it

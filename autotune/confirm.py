@@ -24,6 +24,7 @@ from autotune.harness.selfcheck import (
     summary_fields,
 )
 from autotune.harness.sequential import scoring_counts
+from autotune.headline import headline_fields, headline_lines
 from autotune.plan import INT8_SCHEME_KNOB, KnobValue, Plan
 from autotune.rundir import RunDir
 from autotune.runmeta import RunMeta
@@ -244,6 +245,7 @@ def export_ranked(
         "winner": _metrics(chosen),
         "fp32_reference": _metrics(reference) if reference else None,
         **reference_rows(store, chosen, accuracy_budget),
+        **headline_fields(chosen, reference, store.references(), accuracy_budget),
         "accuracy_budget": accuracy_budget,
         "metric": metric,
         "builds": store.builds(),
@@ -259,6 +261,7 @@ def export_ranked(
         "ranking": [{"plan_hash": r.plan.hash, "plan": r.plan.describe(), **_metrics(r)} for r in confirmed],
         **summary_fields(store),
     }
+    summary["headline"] = headline_lines(summary)  # the run's closing lines, printed by the CLI and the report
     write_json(out_dir / "summary.json", summary)
     return summary
 

@@ -111,8 +111,8 @@ class Reading:
         """This process's threads waited for a core beyond ``allowance`` of the span, and other work ran meanwhile.
 
         A thread can wait for a core with nothing else on the machine: on a VM, waking an idle virtual core takes the
-        host tens of microseconds, and the engine's threads wake every run; an idle 2-core EPYC VM read such waits in
-        nearly every round. Another process that keeps a thread of ours from a core runs on that core meanwhile, so
+        host a while, and the engine's threads wake every run; an idle VM read such waits in nearly every round
+        (docs/measurement.md#quiet-rounds). Another process that keeps a thread of ours from a core runs on that core meanwhile, so
         its core time covers a good part of the wait (``OTHERS_PER_WAIT``); the kernel counts core time in ticks, so
         less than ``TICK_SLACK`` ticks per core is no other work at all.
         """

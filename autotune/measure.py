@@ -4,19 +4,20 @@ One candidate against the reference, the reference first in every round (``inter
 candidates in the same rounds, the order rotating (``side_by_side``: every trial, with its one plan; a run's
 finalists; the plans ``autotune evaluate`` compares).
 
-Only rounds in which every runner ran at its own quiet pace count, and the rule treats every runner alike. Two
-things slow a round: another process on the cores (the timed threads wait for a core: ``autotune.interference``
-reads that wait from the scheduler) and a slow spell of a shared VM's host (the runs are slower though nothing here
-waited). A round counts when this process's threads waited for a core at most ``busy_wait`` of its time, when
-the reference ran within ``quiet_band`` of the fastest reference round this process, or an earlier one on this
-machine, has timed (``ReferencePace``: a spell can outlast a whole process), and when no plan ran more than
-``OUTLIER_BAND`` above its own lower quartile of rounds. A rule that looked at the reference alone kept rounds in
-which the reference happened to be fast and a candidate did not, and read FP32 against itself at 0.50x beside a
-busy process. The assumption is that interference only adds time, so each runner's fastest rounds are its quiet
-ones; the measurement goes on until ``rounds`` rounds count. At its limit, where another process got in the way or
-the process has not yet seen the machine's remembered pace, it steps off the cores for a random while and times on;
-when its patience is spent it times each runner by its own fastest runs over all its rounds, and says that the
-machine was too busy, or ran slow (``Busy.quiet`` False).
+Which rounds count is judged in ``autotune.quiet_rounds``, by one rule for every runner. Two things slow a round:
+another process on the cores (the timed threads wait for a core while it runs: ``autotune.interference`` reads
+that wait from the scheduler, and the other work's core time beside it) and a slow spell of a shared VM's host (the
+runs are slower though nothing here waited). A round counts for a candidate when other work did not keep this
+process's threads from a core, when the reference ran within the machine's own band of its fastest round of the
+measurement, and when that candidate ran near its own lower quartile of rounds; a measurement whose fastest
+reference round lies far above the machine's quiet pace (``ReferencePace``) lies in a spell. A rule that looked at
+the reference alone kept rounds in which the reference happened to be fast and a candidate did not, and misread
+FP32 against itself beside a busy process (docs/method.md#measurements-behind-the-codes-choices). The assumption is
+that interference only adds time, so each runner's fastest rounds are its quiet ones; the measurement goes on until
+every candidate has ``rounds`` rounds. At its limit, where another process got in the way or the measurement lies
+in a spell, it steps off the cores for a random while and times on; when its patience is spent it times each
+runner by its own fastest runs over all its rounds, and says that the machine was too busy, or ran slow
+(``Busy.quiet`` False).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ class Protocol:
             timer's and the scheduler's jitter and the cold runs after a switch; 0: one run per sample.
         busy_others: Rounds count only while other processes took at most this share of the cores the timed
             threads may use (``/proc/stat``, read over at least ``SHARE_MIN_S``): beside any other busy process,
-            even at ``nice 19`` and with no run-queue wait, a two-thread INT8 session ran 1.5x slower where FP32
-            ran 1.2x slower, so the ratio read 23 % low in rounds that looked clear. None: not checked.
+            even at ``nice 19`` and with no run-queue wait, a two-thread INT8 session slowed more than FP32, so the
+            ratio read low in rounds that looked clear (docs/method.md#measurements-behind-the-codes-choices). None: not
+            checked.
         stop_at: The wall time (``time.time()``) after which no more rounds are timed: a run's time limit
             (``budget.minutes``). Reached with fewer quiet rounds than ``rounds``, the quiet ones count, or, with
             none, each runner's fastest runs, as when the patience runs out. None: no limit.
@@ -224,7 +226,7 @@ def side_by_side(
     """Times several candidates and the reference in turn within every round, the order rotating each round.
 
     Plans measured one after another, each against its own reference, are compared across minutes of machine
-    drift: on a 2-vCPU VM the same MiniLM plan moved by up to 20 % between such passes. Inside one round the
+    drift, more than finalists differ (docs/method.md#measurements-behind-the-codes-choices). Inside one round the
     runners are timed seconds apart, and every candidate's ratio of a round has the same reference median, so the
     ratio of two candidates' ``round_speedups`` at the same index compares them directly. Rotating the order
     (round r starts at runner r) keeps a place in the round (first after the reference, last before it) from

@@ -27,8 +27,9 @@ read the spell as the spread."""
 
 SPELL_BAND = 0.10
 """How much slower than the machine's quiet pace (``ReferencePace.quiet_ms``) a measurement's fastest reference round
-may run before the whole measurement is taken to lie in a slow spell: a VM's spells slowed FP32 by 13 % (and all-INT8
-by 43 %), while an idle machine's pace drifts by a few per cent over minutes, which the measurement's own band takes."""
+may run before the whole measurement is taken to lie in a slow spell: a VM's spells slowed FP32 by more than this, and
+all-INT8 by more still, while an idle machine's pace drifts by a few per cent over minutes, which the measurement's own
+band takes (docs/measurement.md#quiet-rounds)."""
 
 PACE_WINDOW_S = 60.0
 """Seconds of wall time over which a process's fastest reference round sets its quiet pace: a machine's pace drifts

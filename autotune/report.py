@@ -10,6 +10,7 @@ import numpy as np
 
 from autotune.config import TuneConfig
 from autotune.files import atomic_write
+from autotune.headline import headline_lines
 from autotune.rundir import RunDir
 from autotune.search.estimate import fit_additive
 from autotune.search.reward import meets_budget, reward
@@ -208,9 +209,7 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
             f"- winner: {_fmt(winner['speedup'], '.3f')}x, drop {_fmt(winner['accuracy_drop'], '.5f')} "
             f"on held-out data ({data.summary['plan']})"
         )
-        best, ratio = data.summary.get("best_reference"), data.summary.get("winner_over_best_reference")
-        if best and ratio:
-            lines.append(f"- winner against the best one-liner within the budget ({best}): {ratio:.3f}x its speed")
+        lines += [f"- {line}" for line in data.summary.get("headline") or headline_lines(data.summary)]
         lines += _self_check_lines(data.summary)
         lines += _machine_lines(data.summary)
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]

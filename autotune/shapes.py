@@ -1,11 +1,11 @@
 """ONNX shape inference for models whose weights weigh hundreds of MB.
 
 ``onnx.shape_inference.infer_shapes`` serializes the whole model, weights included, parses it in C++ and hands it
-back serialized again: 3.1 s for the BERT-large-shaped encoder's 530 MB on the CPU VM, in both of a run's processes.
-It reads only the type and dims of an initializer, and the values of the small ones a shape is computed from, so
-here it runs on a copy whose large initializers are stubs with no bytes: 0.08 s for the encoder, the same result
-(``bench/research/shape_inference.py``). ``known_shapes`` reads every tensor's shape that inference resolved, with
-ONNX Runtime's symbolic inference where ONNX's stops.
+back serialized again: seconds for a model of hundreds of MB, in both of a run's processes. It reads only the type
+and dims of an initializer, and the values of the small ones a shape is computed from, so here it runs on a copy
+whose large initializers are stubs with no bytes: the same result in a fraction of the time
+(``bench/research/shape_inference.py``; docs/method.md#measurements-behind-the-codes-choices). ``known_shapes`` reads
+every tensor's shape that inference resolved, with ONNX Runtime's symbolic inference where ONNX's stops.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 r"""The GPU bench: tuning runs and plans against the users' one-liners, and the GEMM kernels beneath them.
 
-Usage (on the GPU machine, from the repository root, after ``bash tools/device/device_wheels.sh install``, with
-``PYTHONPATH=.device/site:.``):
+Usage (on the GPU machine, from the repository root; on a server without network access after
+``bash tools/offline/install.sh``, with ``PYTHONPATH=.device/site:.``):
     python bench/gpu.py tune --out OUT [--time-limit S] CONFIG [--set KEY=VALUE ...] [-- CONFIG [--set ...] ...]
     python bench/gpu.py plans --out OUT CONFIG --plans SPEC ... [--set KEY=VALUE ...] [--references NAME ...]
     python bench/gpu.py gemm --out OUT [--repeats N]
@@ -61,7 +61,7 @@ STARTED = time.perf_counter()  # for the progress lines
 
 
 def use_repository_paths() -> None:
-    """Puts the repository and ``device_wheels.sh install``'s wheels first on the path, children's too."""
+    """Puts the repository and ``tools/offline/install.sh``'s wheels first on the path, children's too."""
     paths = [str(path) for path in (ROOT / ".device" / "site", ROOT) if path.is_dir()]
     sys.path[:0] = [path for path in paths if path not in sys.path]
     inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path and path not in paths]

@@ -481,7 +481,7 @@ def main() -> int:
         found = [run_one(args.config, *run, args.budget, args.out, args.set, report=True) for run in runs]
         results = [r for r in found if r is not None]
         unfinished = [f"{r['strategy']}-s{r['seed']} ({r['builds']} builds)" for r in results if not r["finished"]]
-        machine = args.out / "machine.txt"  # written where the runs ran (tools/device/device_bench.sh)
+        machine = args.out / "machine.txt"  # written where the runs ran (tools/offline/cpu_bench.sh)
         header = f"Report of the runs in {args.out}: `{command}`\n\n"
         if machine.exists():
             header += "Measured on:\n\n```\n" + machine.read_text().strip() + "\n```\n\n"

@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, ...]] = [
         "autotune.monitor",
         "autotune.report",
         "autotune.confirm",
+        "autotune.headline",
     ),
     ("autotune.tune",),
     ("autotune.cli", "autotune.__main__", "autotune.testing", "autotune.examples", "autotune.docgen"),

@@ -261,18 +261,19 @@ def test_the_printed_summary_shows_both_timings_and_both_ratios_where_the_backen
 
     summary = {
         "rank": 1, "plan": "fp8 x30", "winner": row(2.0, 5.0, 4.0), "fp32_reference": row(1.0, 10.0, 9.5),
-        "references": {"torch-bf16": row(1.6, 6.2, 5.0)}, "best_reference": "torch-bf16",
-        "winner_over_best_reference": 1.25, "winner_over_best_reference_back_to_back": 1.25,
+        "references": {"torch-bf16": row(1.6, 6.2, 5.0)}, "best_alternative": "torch-bf16",
+        "winner_over_best_alternative": 1.25, "fp32_beaten": True, "best_alternative_back_to_back": "torch-bf16",
+        "winner_over_best_alternative_back_to_back": 1.25, "fp32_beaten_back_to_back": True,
         "accuracy_budget": 0.002, "metric": "cosine", "builds": 5, "cache_hits": 0, "files": [],
     }  # fmt: skip
     _print_summary(summary)
     out = capsys.readouterr().out
     assert "ms b2b" in out and "      4.000" in out
-    assert "(torch-bf16): 1.25x one launch, 1.25x back to back" in out
-    summary["winner"]["back_to_back_ms"] = summary["winner_over_best_reference_back_to_back"] = None
+    assert "without autotune: 1.25x one launch (torch-bf16), 1.25x back to back (torch-bf16)" in out
+    summary["winner"]["back_to_back_ms"] = summary["winner_over_best_alternative_back_to_back"] = None
     _print_summary(summary)
     out = capsys.readouterr().out
-    assert "ms b2b" not in out and "(torch-bf16): 1.25x one launch\n" in out
+    assert "ms b2b" not in out and "without autotune: 1.25x one launch (torch-bf16)\n" in out
 
 
 def test_resume_set_continues_a_finished_run_to_a_larger_budget_and_refuses_other_keys(

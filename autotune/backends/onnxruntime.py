@@ -57,8 +57,8 @@ def spinning_entries(knobs: Mapping[str, KnobValue]) -> dict[str, str]:
     With spinning allowed, the intra-op threads spin between the parallel sections of a run (the knob's gain), and
     ``session.force_spinning_stop`` stops them the moment the run returns. Without it they spin on after the run:
     in the interleaved timing loop the FP32 reference's threads then take cores from the candidate being timed
-    (and the other way round), and on the 3 ms CNN of the demo every latency read either ~3.4 ms or ~7.3 ms
-    (docs/benchmarks.md, "Timing"). A deployed session alone keeps the gain within its runs.
+    (and the other way round), and the demo CNN's latencies read one of two values far apart
+    (docs/method.md#measurements-behind-the-codes-choices). A deployed session alone keeps the gain within its runs.
     """
     if not knobs.get("allow_spinning", True):
         return {"session.intra_op.allow_spinning": "0"}
@@ -440,20 +440,19 @@ def _quantize_static(
     It follows the x86 guidance of ``quantize_static``'s own docstring (ORT 1.32), not its bare defaults: QDQ,
     uint8 activations and int8 weights per output channel, MinMax ranges over the run's calibration batches,
     after ``quant_pre_process``. Each departure from the defaults is what makes the one-liner fast or accurate on
-    x86, measured on EfficientNet-Lite0 (batch 8, 2 cores, cosine of logits to FP32 and speedup over FP32, all
-    after pre-processing): the bare defaults (int8 activations, per-tensor weights) give cosine 0.813 at 1.13x;
-    per-channel int8 weights raise the cosine to 0.986 (depthwise weights differ by channel), still at 1.13x with
-    int8 activations and at 1.93x with uint8 ones (the x86 integer kernels take uint8 activations).
+    x86, measured on EfficientNet-Lite0 (docs/method.md#measurements-behind-the-codes-choices): per-channel int8 weights
+    make it
+    accurate (depthwise weights differ by channel), and uint8 activations fast (the x86 integer kernels take them).
     ``reduce_range`` stays off, as ORT advises for CPUs with VNNI and as a user runs the one-liner: on x86 without
     VNNI its U8S8 kernels then saturate (our lowering uses uint8 weights there, ``recipe``), and the one-liner's
     measured accuracy shows what that costs.
 
     ``quant_pre_process`` (shape inference and ORT's basic graph optimizations) is what ORT's warning asks for,
     and a PyTorch export needs it: without it the TF-style padding stays a float Pad between Q/DQ pairs and the
-    INT8 model runs at 0.98x instead of 1.95x. Its optimizations fuse MatMul+Add into Gemm, so Gemm is quantized
+    INT8 model runs no faster than FP32. Its optimizations fuse MatMul+Add into Gemm, so Gemm is quantized
     wherever MatMul is searched (the same layers). Relu and Clip (ReLU6) are quantized too: ORT then folds them
     into the range of the output before them; left out, each Conv output is calibrated over its pre-activation
-    range (+-90 for a [0, 6] signal) and the cosine falls to 0.815.
+    range (+-90 for a [0, 6] signal) and the accuracy falls as with the bare defaults.
     """
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process

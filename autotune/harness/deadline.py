@@ -43,8 +43,8 @@ more: the confirmation is then cut to the time left. Kept whole, a 5-minute Mini
 and FP32 at the round limit, 4.6 minutes) left its search one build, and it exported FP32."""
 CONFIRMATION_SEARCH_SHARE = 1.0
 """Without ``budget.minutes``, the confirmation may take this many times the search's seconds (at least
-``CONFIRMATION_MIN_S``): a 100 ms encoder's confirmation of five finalists and two one-liners took twice its
-3-minute search and then confirmed again."""
+``CONFIRMATION_MIN_S``): unbounded, a confirmation of five finalists and two one-liners of a slow model took longer
+than its search, and then confirmed again (docs/measurement.md#the-bar-and-the-confirmations-time)."""
 CONFIRMATION_MIN_S = 60.0
 """The least time a confirmation bounded by the search's share gets: a search of seconds still confirms."""
 LAYERWISE_SHARE = 0.25

@@ -228,8 +228,9 @@ class Evaluator:
     ) -> list[TrialResult]:
         """Re-measures finalists on held-out data with the confirmation protocol, all in the same rounds; stores them.
 
-        Confirmed one after another, the same MiniLM plan moved by up to 20 % between passes minutes apart, more
-        than finalists differ; in the same rounds, machine drift falls on all of them alike. A reference plan (one
+        Confirmed one after another, the same plan moves between passes minutes apart by more than finalists
+        differ (docs/measurement.md#ranking-and-confirming-the-finalists); in the same rounds, machine drift falls
+        on all of them alike. A reference plan (one
         of the backend's one-liners) is measured among them and stored apart from the finalists
         (``TrialStore.put_reference``): never a build of the search, never a candidate for export.
 

@@ -3,8 +3,9 @@
 A trial process learns the machine's quiet pace from its own fastest reference rounds (``ReferencePace``). A slow
 spell of the machine can outlast a whole process: on a 2-vCPU VM FP32 ran slower, and all-INT8 more, for seconds
 at a time (``bench/research/timing_trace.py``), some as long as ``autotune evaluate`` times, and a process
-that lay inside one read all-INT8 at 1.44-1.51x where it runs 1.89-1.91x, with FP32 against itself at 1.00 and
-nothing to say it was slow. So every trial process writes the fastest round it timed the reference at, under a key
+that lay inside one read all-INT8 far below its quiet figure, with FP32 against itself at 1.00 and nothing to say
+it was slow (docs/method.md#measurements-behind-the-codes-choices). So every trial process writes the fastest round it
+timed the reference at, under a key
 of what sets that pace, to one file of the cache folder; the next process with the same key starts from the
 median of the last ``KEEP_PROCESSES`` (``ReferencePace.remembered_ms``): the pace a process trusts within its
 first minute (``autotune.measure.PACE_WINDOW_S``).

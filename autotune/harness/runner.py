@@ -52,8 +52,8 @@ BACK_TO_BACK_ROUNDS = 15
 """Back-to-back timings per confirmed plan; their median is ``TrialResult.back_to_back_ms``."""
 SLOW_PLAN_FACTOR = 3.0
 """A plan whose run takes at least this many times FP32's is timed in one round (``Protocol.rounds`` 1 in its
-result): its ratio cannot change a ranking, and its rounds would cost the most. ONNX Runtime's
-``quantize_dynamic`` runs the EfficientNet example at 0.07x FP32: its confirmation in full rounds took 4 minutes."""
+result): its ratio cannot change a ranking, and its rounds would cost the most (ONNX Runtime's
+``quantize_dynamic`` on the EfficientNet example: docs/method.md#measurements-behind-the-codes-choices)."""
 
 
 def search_protocol(measure: MeasureConfig) -> Protocol:

@@ -15,13 +15,13 @@ level ``alpha / looks`` takes Student's t with ``n - 1`` degrees of freedom; div
 correlate. The drop is increasing in the ratio (:func:`autotune.metrics.drop_of_ratio`), so the ratio's lower bound
 is the drop's. SNR, the log of its ratio, is bounded on the log scale (the same delta method for the log of the
 ratio, relative standard error ``sqrt(variance) / ratio``): a noise-to-signal ratio spread over batches has a standard
-error close to itself, so a linear bound stays below zero however far over the budget the plan is (a plan 20 dB over
-its budget was stopped at the first look 95 % of the time linearly, every time on the log scale).
+error close to itself, so a linear bound stays below zero however far over the budget the plan is (the figures:
+docs/method.md#stopping-a-plans-scoring-early-when-it-is-surely-over-the-budget).
 
 Assumptions. The batches are exchangeable: the shuffle makes the order random, but the t bound also takes the
 estimator to be near normal. The variance leaves out the finite-population correction ``1 - n/N`` that sampling
-without replacement allows: with it, a 32-batch split whose batch drops skew to the left (skewness -0.6) was stopped
-at its budget 6.8 % of the time at ``alpha`` 5 %; without it, 1.6 % (``tests/harness/test_sequential.py``). Per-sample
+without replacement allows: with it, a split whose batch drops skew to the left was stopped at its budget more often
+than ``alpha`` (``tests/harness/test_sequential.py``; docs/method.md, the section above). Per-sample
 drops of the fidelity metrics are never negative and their batch sums skew to the right, for which the one-sided t
 bound is conservative; a split whose drop hinges on a few batches where the plan does much better than FP32
 (``top1`` against labels, say) can still be stopped more often than ``alpha``.

@@ -17,8 +17,8 @@ import numpy as np
 _MAX_BINS = 1 << 16
 
 # Values binned per pass: the float64 magnitudes and int64 indices of a chunk stay in the core's cache. Whole-tensor
-# passes wrote two arrays of 8 bytes a value to memory and read them back: 6x slower on a 16.7M-value activation of
-# the BERT-large-shaped encoder (0.64 s against 0.10 s for two such batches on the CPU VM).
+# passes wrote two arrays of 8 bytes a value to memory and read them back, several times slower on a large
+# activation (docs/method.md#measurements-behind-the-codes-choices).
 _CHUNK = 1 << 16
 
 

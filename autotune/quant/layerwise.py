@@ -1,21 +1,18 @@
 """Layerwise calibration: every layer's INT8 recipe by what costs the model least.
 
-No single recipe suits every layer. On all-MiniLM-L6-v2, clipping the GELU output that feeds layer 0's FFN
-down-projection at the 99.99th percentile cuts the drop of quantizing that layer 2.8x, while the same clipping on
-the input of a key projection multiplies that layer's drop by up to 800x. Most of a layer's drop comes from its
-activations (the weights alone: 4-22 % of it on six sensitive MiniLM layers), whose outliers sit in a few
-channels; SmoothQuant (Xiao et al., 2023) divides each input channel by ``s = max|x|^a / max|W|^(1-a)`` and
-multiplies the weight's row by it, which cut the drop of an FFN up-projection 9x in our measurements, at the
-price of one elementwise Mul.
+No single recipe suits every layer: on all-MiniLM-L6-v2 the percentile clipping that helps one layer most hurts
+another most (docs/method.md#measurements-behind-the-codes-choices). Most of a layer's drop comes from its
+activations, whose outliers sit in a few channels; SmoothQuant (Xiao et al., 2023) divides each input channel by
+``s = max|x|^a / max|W|^(1-a)`` and multiplies the weight's row by it, at the price of one elementwise Mul.
 
 The ``layerwise`` calibration therefore quantizes each layer alone with each candidate (the range methods, and
 SmoothQuant at a few strengths on MatMuls with a 2-D weight), on the calibration data, and keeps the candidate whose
 model output stays closest to FP32 (per-layer errors are close to additive, so the single-layer winner is the right
 choice in any plan). The choices are made once per model, data and recipe and cached on disk.
 
-The model output is the criterion, not the layer's own output error: that one would pick another candidate for 6
-of MiniLM's 36 layers, among them layer 0's FFN down-projection, where the percentile clipping that wins at the
-output leaves an error of 66 % of the layer's output power. It is measured without rewriting or running the
+The model output is the criterion, not the layer's own output error: that one would pick another candidate for
+some of MiniLM's layers, where the clipping that wins at the output leaves a large error in the layer's own. It is
+measured without rewriting or running the
 whole model per candidate: one FP32 run caches every tensor the layers and the parts after them read, one probe
 session per layer runs all its candidates side by side on those tensors, and only the part of the model
 downstream of the layer runs per candidate and batch (``autotune/quant/probe.py``), with the same kernels and so

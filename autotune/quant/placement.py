@@ -131,8 +131,9 @@ def output_pairs(index: GraphIndex, output: str, recipe: QuantRecipe) -> tuple[O
       QuantizeLinear.
     - A gated activation (SiLU ``Mul(x, Sigmoid(x))``, ``Mul(x, HardSigmoid(x))``): on the output, on the gate's
       output (over ``GATE_RANGE``) and after the Mul, so ONNX Runtime runs QLinearConv, QLinearSigmoid and
-      QLinearMul back to back: on a Conv-SiLU stack 1.16x faster than a float SiLU between the conv's pair and the
-      Mul's, at the same accuracy (``bench/research/fused_activations.py``, docs/method.md).
+      QLinearMul back to back: on a Conv-SiLU stack faster than a float SiLU between the conv's pair and the
+      Mul's, at the same accuracy (``bench/research/fused_activations.py``,
+      docs/method.md#an-activation-the-runtime-fuses-is-part-of-its-producers-layer).
     """
     tail = output_tail(index, output, recipe)
     if not tail:

@@ -274,7 +274,7 @@ def session(model: onnx.ModelProto, threads: int = 2, optimize: bool = False) ->
     A probe runs its Q/DQ'd layer as written, as in the whole-model runs it stands for: fusions would round the
     quantized layer differently. The downstream part is plain FP32, where ONNX Runtime's full optimization (its
     blocked NCHWc convolution layout among them) changes the output by float rounding alone, orders of magnitude
-    below an INT8 layer's noise, and ran the YOLO-like detector's FP32 graph 1.4x faster.
+    below an INT8 layer's noise, and runs the FP32 part faster (docs/method.md#measurements-behind-the-codes-choices).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = (

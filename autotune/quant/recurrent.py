@@ -9,9 +9,9 @@ also rewrites nodes the plan keeps as they are (every ``Gemm`` becomes ``MatMul`
 
 A ``GRU`` has no quantized kernel in ONNX Runtime (no ``DynamicQuantizeGRU`` contrib op); its only INT8 form
 would unroll the time loop into per-step ``DynamicQuantizeLinear`` + ``MatMulInteger`` nodes. Not built: even the
-fused ``DynamicQuantizeLSTM`` reads 0.96-0.98x FP32 on a 3-layer, 256-unit encoder at batch 8 (``bench/
-lstm_encoder.py``, 1 thread, 2-core AVX512-VNNI VM), and an unrolled graph adds a kernel launch and a quantize per
-step and gate product. So a GRU layer is FP32 only (``autotune.backends.onnxruntime.FP32_ONLY_OP_TYPES``).
+fused ``DynamicQuantizeLSTM`` runs no faster than FP32 (docs/method.md#measurements-behind-the-codes-choices), and an
+unrolled graph adds a kernel launch and a quantize per step and gate product. So a GRU layer is FP32 only
+(``autotune.backends.onnxruntime.FP32_ONLY_OP_TYPES``).
 """
 
 from __future__ import annotations

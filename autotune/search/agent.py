@@ -78,10 +78,10 @@ MAX_SKIPPED_ROLLOUTS = 8
 class ComputePace:
     """Keeps the agent's own compute to ``share`` times the wall time of its builds so far.
 
-    A run of the 3 ms demo CNN spent 97 % of its wall time in the agent (rehearsals of 128 imagined episodes after
-    every update, most of whose real plans the store answered), 32.6 s a build for trials of 0.7 s. Timed here,
-    each rehearsal gets the imagined episodes that the builds' time pays for, in whole rollouts: none while the
-    agent is ahead of its builds, all of ``ppo.imagined_episodes`` when a build takes longer than a rehearsal.
+    Unpaced, the rehearsals of imagined episodes after every update took most of a run's wall time on a model whose
+    trials take under a second (docs/search.md#the-planner-and-the-policy). Timed here, each rehearsal gets the
+    imagined episodes that the builds' time pays for, in whole rollouts: none while the agent is ahead of its
+    builds, all of ``ppo.imagined_episodes`` when a build takes longer than a rehearsal.
 
     Args:
         share: The agent's compute allowed per second of building; 0: no limit.
@@ -225,12 +225,10 @@ def imitate(model: Any, env: Any, plan: Plan, target: float, max_steps: int = 50
     """Behaviour cloning: trains the policy until its mean probability of ``plan``'s actions reaches ``target``.
 
     Why: a fresh policy samples each layer's precision at random, and nearly every such plan of a model with a
-    few sensitive layers is over the accuracy budget, so the first updates teach it FP32 everywhere. In the
-    MiniLM replay at budget 0.0005, its real plans after the opening averaged 3-11 INT8 layers of 36 per ten
-    builds (the model's best plans: 24-27), and in 3 of 10 seeds no plan within the search budget came within
-    2 % of greedy's in 48 builds; cloned toward the model's best plan first, they averaged 19-27 and every seed
-    got there (docs/benchmarks.md). PPO then learns from plans near the best one, and the trials it builds
-    sharpen the model where it matters.
+    few sensitive layers is over the accuracy budget, so the first updates teach it FP32 everywhere; cloned
+    toward the model's best plan first, its plans hold many more INT8 layers from the start
+    (docs/method.md#why-the-policy-is-cloned-toward-the-planners-plan-first). PPO then learns from plans near the
+    best one, and the trials it builds sharpen the model where it matters.
 
     Args:
         model: The MaskablePPO model; its policy's own optimizer takes the steps.

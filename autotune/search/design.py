@@ -108,8 +108,8 @@ def model_frames(model: Surrogate, space: SearchSpace, budget: float) -> list[Fr
     Without a knob that follows the precision (ONNX Runtime): one frame, FP32 kept, every group lowered as in
     :func:`lowered_precisions`, knobs at their defaults. With one (``base_precision`` of the torch and TensorRT
     backends) a plan is a base for the whole model with per-layer overrides, and the fastest plan is rarely FP32
-    plus INT8: on an H200 the BERT-large-shaped encoder ran all-INT8 slower than all-BF16 and all-FP8 faster,
-    and SDPA attention 1.2x faster than eager with BF16. So the model chooses the frame too: each
+    plus INT8: on a GPU all-INT8 can run slower than all-BF16 and all-FP8 faster, and SDPA attention faster than
+    eager (docs/benchmarks.md#what-pays-on-the-h200-gemms-and-attention). So the model chooses the frame too: each
     knob that changes no numbers (not calibration or weight granularity) takes the value it rates fastest, the
     base the whole-model float plan it rates fastest within ``budget``, and there is one frame per precision the
     groups may be lowered to.

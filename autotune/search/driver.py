@@ -214,10 +214,10 @@ def uniform_seed_rounds(space: SearchSpace) -> tuple[list[Plan], list[str]]:
 
     Where a knob follows the precision (the torch and TensorRT backends' ``base_precision``), the all-FP16 and
     all-BF16 seeds run the whole model in that type, and an all-INT8 or all-FP8 seed on the default FP32 base
-    measures its GEMMs where the FP32 rest of the model sets the latency: on an H200 the BERT-large-shaped encoder
-    ran all-FP8 at 7.34x FP32 on an FP32 base, below all-FP16 (7.78x), while on a BF16 base with SDPA all-FP8 is
-    1.34x BF16 (docs/benchmarks.md). So the quantized seeds are built on the faster float seed's base, the base a
-    user would deploy them on. Without such a knob every seed is built in one round.
+    measures its GEMMs where the FP32 rest of the model sets the latency: on a GPU all-FP8 on an FP32 base can run
+    slower than all-FP16 while on a BF16 base it is the faster
+    (docs/benchmarks.md#what-pays-on-the-h200-gemms-and-attention). So the quantized seeds are built on the faster
+    float seed's base, the base a user would deploy them on. Without such a knob every seed is built in one round.
     """
     precisions = uniform_seeds(space)
     bases = [knob for knob in space.knobs if knob.follows_precision]

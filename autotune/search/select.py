@@ -35,12 +35,11 @@ def pareto_front(
 
 PROFILE_WEIGHT = 1000.0
 """How many trials' worth the FP32 profile's per-layer savings count when the finalists are ranked: so many that the
-trials only scale INT8's saving per unit of runtime share and set the knobs' terms. A search trial's speedup moves by
-about 10 % between measurements (one MiniLM plan measured 1.29x to 1.73x in six runs; docs/benchmarks.md), more
-than one layer is worth (1-2 %), so per-layer terms fitted on a few dozen trials rank plans by their noise, while
-the profile times every layer in one long run. Over the 35 finalists of seven MiniLM runs this model alone ranked
-them as their confirmations did better than any other estimate (correlation 0.85 and 0.79 on two machines, against
-0.74 and 0.75 for :func:`expected_speedups`; docs/benchmarks.md, ``bench/research/ranking_check.py``)."""
+trials only scale INT8's saving per unit of runtime share and set the knobs' terms. A search trial's speedup moves
+between measurements by more than one layer is worth, so per-layer terms fitted on a few dozen trials rank plans by
+their noise, while the profile times every layer in one long run. Of the estimates compared on MiniLM's finalists,
+this one ranked them most as their confirmations did (``bench/research/ranking_check.py``; the figures:
+docs/method.md#ranking-the-finalists-which-estimate-foretells-the-confirmation)."""
 
 
 def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -> dict[str, float]:
@@ -49,15 +48,12 @@ def expected_speedups(results: Sequence[TrialResult], model: Surrogate | None) -
     What ranks a run's finalists where the backend gave no FP32 profile (with one, :func:`profile_speedups`).
 
     A search trial is timed in a few short rounds, and the fastest of a hundred such measurements is mostly luck:
-    on MiniLM a plan with three layers in INT8 measured 1.74x and held 1.00x when confirmed, and being fastest
-    it knocked every real candidate off the measured front. The additive model (fitted on every trial) averages
-    each layer's effect over all the trials that contain it, but misses what is particular to one plan. Over the
-    35 finalists of seven MiniLM runs the mean of the two logs ranked the plans as their confirmation did better
-    than either: confirmed by the runs themselves, correlation 0.74 against 0.70 for either alone; confirmed again
-    on another machine, 0.75 against 0.64 for the measurement and 0.71 for the model, and the closest (mean |log
-    error| 0.086, against 0.094 and 0.097). ``bench/research/ranking_check.py`` computes these from the runs'
-    stores (no longer committed: ``bench/results/README.md`` says how to get them back; the commands are in
-    docs/benchmarks.md).
+    a plan with few layers in INT8 can measure fast and hold nothing when confirmed, and, being fastest, knock every
+    real candidate off the measured front. The additive model (fitted on every trial) averages each layer's effect
+    over all the trials that contain it, but misses what is particular to one plan. On MiniLM's finalists the mean
+    of the two logs ranked the plans as their confirmation did better than either alone
+    (``bench/research/ranking_check.py``; the figures:
+    docs/method.md#ranking-the-finalists-which-estimate-foretells-the-confirmation).
 
     Args:
         results: Measured trials.
@@ -128,9 +124,8 @@ def confirmation_order(
     The first ``confirm.top_k`` places: the fastest plans within the search budget, then (where there are any)
     bolder bets: up to ``planner.bold_places`` of the fastest plans between the search budget and the accuracy
     budget itself, each faster than all of them. The headroom only steers the search; the held-out data decides
-    whether such a plan meets the budget (on MiniLM a plan at 0.89 of the budget on the search data held 0.96 of
-    it on held-out data, and won). A second place raises the odds that one of the bold bets holds: the held-out
-    drop of a plan near the budget is a coin toss (its ratio to the search drop spreads by about 7 %).
+    whether such a plan meets the budget. A second place raises the odds that one of the bold bets holds: the
+    held-out drop of a plan near the budget is a coin toss (docs/method.md#why-the-search-aims-20--under-the-budget).
     Then, for when no finalist meets the budget on held-out data, the Pareto front of the other plans within the
     search budget, fastest first: walking down it trades speed for accuracy headroom, which is what a plan needs
     when held-out data shifts its drop. Then every other successful plan by reward.

@@ -183,9 +183,9 @@ class TorchBackend(Backend):
     def fp32_reference_knobs(self) -> dict[str, KnobValue]:
         """The FP32 reference runs eager, replayed from one CUDA graph: no ``torch.compile``.
 
-        Its cold compile was most of a first run's set-up on the H200 (17.8 s for MiniLM at batch 64, 16.8 s for
-        the BERT-large-shaped encoder), where the eager module captured in 0.7-0.9 s and ran 1.08x and 1.02x the
-        compiled one's time. A reference is a clock and the model's own outputs, not a contender: the one-liners
+        Its cold compile was most of a first run's set-up on the H200, where the eager module captured in under a
+        second and ran about as fast (docs/method.md#measurements-behind-the-codes-choices). A reference is a clock and
+        the model's own outputs, not a contender: the one-liners
         (``references``) and the search's plans are compiled. On the CPU every build is eager already.
         """
         offered = {knob.name for knob in self.capabilities().knobs}
@@ -411,7 +411,7 @@ class TorchBackend(Backend):
     def _release_memory(self) -> None:
         """Frees the previous trial's module and graph before the next build allocates its own.
 
-        Nothing before the first build: a collection then only walks the heap transformers left (0.4 s for MiniLM).
+        Nothing before the first build: a collection then only walks the heap transformers left.
         """
         if not self._built:
             self._built = True

@@ -106,8 +106,8 @@ def _bind_one(layer: Layer, modules: Mapping[str, Any], weight_of: Callable[[str
     if onnx_weight.shape != weight.shape:
         raise LookupError(f"module {path!r} has weight shape {list(weight.shape)}, the ONNX layer {onnx_weight.shape}")
     # Conv weights may differ legitimately: the exporter folds a following BatchNorm into them. An export holds the
-    # module's own bits, so equality answers in one pass; allclose's temporaries took 3.5 s of the BERT-large-shaped
-    # encoder's set-up, per process.
+    # module's own bits, so equality answers in one pass; allclose's temporaries took seconds of a large model's
+    # set-up, per process.
     if (
         linear
         and not np.array_equal(onnx_weight, weight)

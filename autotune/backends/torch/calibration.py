@@ -1,11 +1,12 @@
 """Activation statistics gathered on the torch backend's own device, for the run's calibration.
 
-ONNX Runtime's CPU took about 12 s for the BERT-large-shaped encoder's one calibration batch (128 x 128 tokens) on the
-H200 machine, where the GPU runs the FP32 forward in 73 ms. The tensors are the same: the input of the module an ONNX
+ONNX Runtime's CPU took seconds for the BERT-large-shaped encoder's one calibration batch where the GPU runs the FP32
+forward in milliseconds (docs/method.md#measurements-behind-the-codes-choices). The tensors are the same: the input of
+the module an ONNX
 layer is bound to (``binding.bind_layers``) is that layer's activation input. They are binned where they are
 (``TensorStats.update_binned``, the same float64 division and truncation as on the CPU), so only the counts leave the
-device: copying the encoder's 1.1G activation values to the host and binning them there was most of the 5-8 s this
-stage took. The values differ from ONNX Runtime's in the last bits of float32 (other GEMM kernels), so the
+device: copying the encoder's activation values to the host and binning them there was most of what this stage
+took. The values differ from ONNX Runtime's in the last bits of float32 (other GEMM kernels), so the
 calibration cache keeps them apart (``StatisticsCollector.source``).
 """
 

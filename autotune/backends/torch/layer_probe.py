@@ -9,9 +9,9 @@ forward on every batch. The error is the backend's own: the int8 GEMM that plans
 
 A module that runs several ONNX layers is quantized for all its calls, as a build must. The forward is the whole
 model's, except that the blocks of its longest ``nn.ModuleList`` (a transformer's layers) that ran before the
-layer's module replay their FP32 outputs (``BlockReplay``), with the same errors to the last bit: on an H200, the
-BERT-large-shaped encoder's 48 layers x 4 candidates at batch 128 took 11.2 s with the replay, 17.4 s run whole. The
-ONNX probes likewise run only the part downstream of the layer.
+layer's module replay their FP32 outputs (``BlockReplay``), with the same errors to the last bit and in less time
+(docs/method.md#measurements-behind-the-codes-choices). The ONNX probes likewise run only the part downstream of the
+layer.
 """
 
 from __future__ import annotations
