@@ -112,9 +112,9 @@ class Reading:
 
         A thread can wait for a core with nothing else on the machine: on a VM, waking an idle virtual core takes the
         host a while, and the engine's threads wake every run; an idle VM read such waits in nearly every round
-        (docs/measurement.md#quiet-rounds). Another process that keeps a thread of ours from a core runs on that core meanwhile, so
-        its core time covers a good part of the wait (``OTHERS_PER_WAIT``); the kernel counts core time in ticks, so
-        less than ``TICK_SLACK`` ticks per core is no other work at all.
+        (docs/measurement.md#quiet-rounds). Another process that keeps a thread of ours from a core runs on that core
+        meanwhile, so its core time covers a good part of the wait (``OTHERS_PER_WAIT``); the kernel counts core time
+        in ticks, so less than ``TICK_SLACK`` ticks per core is no other work at all.
         """
         if self.waited <= allowance:
             return False
