@@ -17,8 +17,8 @@ import numpy as np
 OUTLIER_BAND = 0.25
 """How far above its own lower quartile of rounds a plan's round may run and still count for it (``quiet_rows``)."""
 
-SPREAD_BANDS = 3.0
-"""The reference's band is at least this many times the excess of its lower quartile of rounds over its fastest
+SPREAD_BANDS = 2.0
+"""The reference's band is at least this many times the excess of its median round over its fastest
 (``spread_band``)."""
 
 SPREAD_MIN_ROUNDS = 8
@@ -88,8 +88,11 @@ class ReferencePace:
 
         Within the process's first window, the pace earlier processes timed counts too.
         """
+        now = self.clock()
+        while self._recent and self._recent[0][0] < now - PACE_WINDOW_S:
+            self._recent.popleft()
         recent = self._recent[0][1] if self._recent else math.inf
-        young = self._first_at is None or self.clock() - self._first_at < PACE_WINDOW_S
+        young = self._first_at is None or now - self._first_at < PACE_WINDOW_S
         remembered = self.remembered_ms if self.remembered_ms is not None and young else math.inf
         return min(recent, remembered)
 
@@ -171,16 +174,14 @@ def quiet_rows(medians: np.ndarray, clear: list[int], band: float | None, pace: 
 def spread_band(reference: np.ndarray) -> float:
     """The band the reference's own scatter needs; 0 with fewer than ``SPREAD_MIN_ROUNDS`` rounds.
 
-    ``SPREAD_BANDS`` times the excess of its lower quartile of rounds over its fastest round.
-
-    Interference only adds time, so the fastest rounds are the clean ones whatever share of the rounds a spell or a
-    hiccup slowed: for rounds that scatter normally by ``s`` the lower quartile of two dozen lies about ``1.2 s``
-    above the fastest, and ``3.6 s`` above it takes nearly all the clean ones. Only the rounds within ``SPELL_BAND``
-    of the fastest are read, and the band never passes it: a measurement that waited a spell out has more rounds in
-    it than out of it.
+    ``SPREAD_BANDS`` times the excess of its median round over its fastest. Interference only adds time, so the
+    fastest rounds are the clean ones and an idle machine's rounds scatter above them: for a one-sided (half-normal)
+    scatter of ``s`` the median lies ``0.67 s`` above the fastest, and twice that takes four rounds in five; for a
+    scatter both ways the band is wider still. Only the rounds within ``SPELL_BAND`` of the fastest are read, and the
+    band never passes it: a measurement that waited a spell out has more rounds in it than out of it.
     """
     fastest = float(reference.min())
     near = reference[reference <= fastest * (1.0 + SPELL_BAND)]  # a spell's rounds are no part of the scatter
     if len(near) < SPREAD_MIN_ROUNDS:
         return 0.0
-    return min(SPELL_BAND, SPREAD_BANDS * (float(np.percentile(near, 25)) / fastest - 1.0))
+    return min(SPELL_BAND, SPREAD_BANDS * (float(np.median(near)) / fastest - 1.0))
