@@ -264,6 +264,7 @@ def _rounds(
     clock, self_timed = timing.get("clock", time.perf_counter), timing.get("self_timed", False)
     pace, sampler = timing.get("pace"), timing.get("sampler")
     pace, sampler = pace if pace is not None else ReferencePace(), sampler if sampler is not None else Sampler()
+    pace.begin()
     blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed samples
     runs_per_sample: list[list[int]] = [[] for _ in runners]  # per runner, set at its first round
     round_medians: list[list[float]] = [[] for _ in runners]

@@ -36,6 +36,9 @@ PACE_WINDOW_S = 60.0
 over minutes (clocks, the host's load), so a round from ten minutes ago is no measure of a spell now. The pace
 remembered from earlier processes counts only within a process's first window."""
 
+WINDOW_ROUNDS = 1000
+"""The most rounds of the last ``PACE_WINDOW_S`` a pace keeps to read its scatter (``ReferencePace.spell_band``)."""
+
 SETTLE_ROUNDS = 1000
 """Rounds after which a process has settled however short they were: a model that runs in microseconds would take
 hundreds of thousands of rounds to fill ``settle_s``."""
@@ -67,7 +70,9 @@ class ReferencePace:
         self.timed_s = 0.0
         self.rounds = 0
         self._recent: deque[tuple[float, float]] = deque()  # (clock at the round's end, its reference median)
+        self._window: deque[tuple[float, float]] = deque(maxlen=WINDOW_ROUNDS)  # every round of the window
         self._first_at: float | None = None
+        self._measuring_band: float | None = None  # the spell band as it stood when the measurement began
 
     def add(self, reference_round_ms: float, round_s: float) -> None:
         """Records one round: its reference median and the wall seconds it took."""
@@ -79,8 +84,14 @@ class ReferencePace:
         while self._recent and self._recent[-1][1] >= reference_round_ms:  # a slower round is never the window's min
             self._recent.pop()
         self._recent.append((now, reference_round_ms))
-        while self._recent and self._recent[0][0] < now - PACE_WINDOW_S:
-            self._recent.popleft()
+        self._window.append((now, reference_round_ms))
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        """Drops the rounds older than ``PACE_WINDOW_S``."""
+        for rounds in (self._recent, self._window):
+            while rounds and rounds[0][0] < now - PACE_WINDOW_S:
+                rounds.popleft()
 
     @property
     def quiet_ms(self) -> float:
@@ -89,8 +100,7 @@ class ReferencePace:
         Within the process's first window, the pace earlier processes timed counts too.
         """
         now = self.clock()
-        while self._recent and self._recent[0][0] < now - PACE_WINDOW_S:
-            self._recent.popleft()
+        self._forget(now)
         recent = self._recent[0][1] if self._recent else math.inf
         young = self._first_at is None or now - self._first_at < PACE_WINDOW_S
         remembered = self.remembered_ms if self.remembered_ms is not None and young else math.inf
@@ -104,11 +114,30 @@ class ReferencePace:
         """
         return self.timed_s >= settle_s or self.rounds >= SETTLE_ROUNDS
 
-    def behind(self, fastest_ms: float, band: float = SPELL_BAND) -> bool:
+    def spell_band(self) -> float:
+        """How much slower than the quiet pace a measurement's fastest round must run to lie in a spell.
+
+        ``SPELL_BAND``, or the window's own scatter where it is wider (``SPREAD_BANDS`` times its median round's
+        excess over its fastest): a model timed in microseconds scatters by more than a spell slows it, and its
+        few rounds a measurement are no evidence of one.
+        """
+        rounds = [ms for _, ms in self._window]
+        if len(rounds) < SPREAD_MIN_ROUNDS:
+            return SPELL_BAND
+        return max(SPELL_BAND, SPREAD_BANDS * (float(np.median(rounds)) / min(rounds) - 1.0))
+
+    def begin(self) -> None:
+        """A measurement begins: its spell band is read now, from the rounds before it, which it cannot move."""
+        self._measuring_band = self.spell_band()
+
+    def behind(self, fastest_ms: float, band: float | None = None) -> bool:
         """Whether a measurement whose fastest reference round is ``fastest_ms`` lies in a slow spell of the machine.
 
-        It ran more than ``band`` slower than the quiet pace. False where there is no pace to compare with.
+        It ran more than ``band`` slower than the quiet pace (default: the spell band read when the measurement
+        began, else ``spell_band()`` now). False where there is no pace to compare with.
         """
+        if band is None:
+            band = self._measuring_band if self._measuring_band is not None else self.spell_band()
         quiet = self.quiet_ms
         return math.isfinite(quiet) and math.isfinite(fastest_ms) and fastest_ms > quiet * (1.0 + band)
 

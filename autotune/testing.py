@@ -353,7 +353,16 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
         },
         "metric": {"name": "top1"},
         # busy_others off: a tiny plan's measurement lasts less than the half second a share of the cores needs
-        "measure": {"warmup": 1, "repeats": 3, "rounds": 1, "settle_s": 0, "busy_patience_s": 0, "busy_others": None},
+        # and no patience: a tiny run neither waits out another process nor a slow spell
+        "measure": {
+            "warmup": 1,
+            "repeats": 3,
+            "rounds": 1,
+            "settle_s": 0,
+            "busy_patience_s": 0,
+            "spell_patience_s": 0,
+            "busy_others": None,
+        },
         # A model timed in microseconds reads FP32 against itself far from 1 in one round: the timing
         # self-check is tested on its own (tests/harness/test_selfcheck.py), not in every tiny run.
         "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
@@ -511,7 +520,16 @@ def tiny_torch_config(root: Path, name: str = "tiny-torch", device: str = "cpu",
         "data": {split: {"npz": str(root / f"{split}.npz")} for split in ("calibration", "evaluation", "holdout")},
         "metric": {"name": "top1"},
         # busy_others off: a tiny plan's measurement lasts less than the half second a share of the cores needs
-        "measure": {"warmup": 1, "repeats": 3, "rounds": 1, "settle_s": 0, "busy_patience_s": 0, "busy_others": None},
+        # and no patience: a tiny run neither waits out another process nor a slow spell
+        "measure": {
+            "warmup": 1,
+            "repeats": 3,
+            "rounds": 1,
+            "settle_s": 0,
+            "busy_patience_s": 0,
+            "spell_patience_s": 0,
+            "busy_others": None,
+        },
         # A model timed in microseconds reads FP32 against itself far from 1 in one round: the timing
         # self-check is tested on its own (tests/harness/test_selfcheck.py), not in every tiny run.
         "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},

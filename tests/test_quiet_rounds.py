@@ -62,3 +62,18 @@ def test_the_remembered_pace_counts_within_a_processs_first_window_only():
     now[0] = PACE_WINDOW_S + 1.0
     pace.add(2.3, 1.0)
     assert pace.quiet_ms == 2.3 and not pace.behind(2.3)
+
+
+def test_a_pace_whose_rounds_scatter_more_than_a_spell_slows_them_sees_no_spell_in_a_few_slow_rounds():
+    now = [0.0]
+    pace = ReferencePace(clock=lambda: now[0])
+    for k in range(40):  # a model timed in microseconds: its rounds scatter by a third
+        now[0] += 0.1
+        pace.add(0.010 * (1.0 + 0.33 * (k % 3)), 0.1)
+    pace.begin()
+    assert pace.spell_band() > 0.3 and not pace.behind(0.0115)  # 15 % above its fastest: its own scatter
+    steady = ReferencePace(clock=lambda: now[0])
+    for _ in range(40):
+        steady.add(2.0, 0.1)
+    steady.begin()
+    assert steady.spell_band() == SPELL_BAND and steady.behind(2.3)
