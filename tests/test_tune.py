@@ -197,10 +197,13 @@ def test_the_one_liners_are_timed_in_the_finalists_rounds_and_reused_on_resume(t
     summary = tune(config, strategy="random", isolate=False, progress=False)
     references = summary["references"]
     assert list(references) == ["ort-static", "ort-dynamic"]
-    confirmation = {**config.measure.model_dump(), "repeats": 4, "rounds": 1, "stop_at": None}  # no budget.minutes
+    # no budget.minutes: the confirmation stops at its share of the search's time
+    confirmation = {**config.measure.model_dump(), "repeats": 4, "rounds": 1}
+    assert summary["confirmation_allowance_s"] > 0
     for name, row in references.items():
         assert row["status"] == "ok" and row["error"] is None, (name, row)
-        assert row["split"] == "holdout" and row["protocol"] == confirmation
+        stop_at = row["protocol"]["stop_at"]
+        assert row["split"] == "holdout" and row["protocol"] == {**confirmation, "stop_at": stop_at} and stop_at
         assert row["speedup"] > 0 and row["accuracy_drop"] is not None
         assert row["build_s"] > 0  # a one-liner's build, beside which a trial build's cost reads
     assert summary["winner"]["build_s"] > 0
@@ -565,16 +568,18 @@ def test_the_self_checks_and_the_fp32_row_time_the_reference_as_built_not_the_se
 
     monkeypatch.setattr(OnnxRuntimeCPU, "fp32_reference_knobs", lambda self: {"allow_spinning": False})
     timed = []
-    measure = Evaluator.measure
+    measure = Evaluator.measure_side_by_side
     monkeypatch.setattr(
-        Evaluator, "measure", lambda self, plan, *a, **k: timed.append(plan) or measure(self, plan, *a, **k)
+        Evaluator,
+        "measure_side_by_side",
+        lambda self, plans, *a, **k: timed.append(plans[0]) or measure(self, plans, *a, **k),
     )
     confirm = {"top_k": 1, "repeats": 3, "rounds": 2, "self_check": True}
     # the config searches spinning sessions only: the reference is no plan of the search's space
     search = {"knobs": {"allow_spinning": [True]}}
     config = tiny_config(tmp_path, budget={"builds": 2}, confirm=confirm, search=search)
     summary = tune(config, strategy="random", isolate=False, progress=False)
-    (checked,) = timed  # the search's self-check
+    checked = timed[0]  # the search's self-check, the one-liners beside it (then the confirmation)
     assert checked.knob("allow_spinning") is False and set(checked.precision_map.values()) == {"fp32"}
     with TrialStore(config.run_dir / "trials.sqlite") as store:
         assert store.get_meta("fp32_plan_hash") == checked.hash
