@@ -207,9 +207,9 @@ BackendOptions = OnnxRuntimeOptions | TensorRTOptions | TorchOptions
 class BackendConfig(_Strict):
     """The backend that builds and measures engines, and its deployment settings (not searched)."""
 
-    name: Literal["onnxruntime", "openvino", "tensorrt", "torch"] = "onnxruntime"
-    """``onnxruntime`` (CPU, the embedded default), ``openvino`` (CPU, the ``openvino`` extra), ``tensorrt`` (NVIDIA
-    GPUs, the ``tensorrt`` extra) or ``torch`` (a PyTorch module on an NVIDIA GPU)."""
+    name: Literal["auto", "onnxruntime", "openvino", "tensorrt", "torch"] = "onnxruntime"
+    """``onnxruntime`` (CPU, the default), ``openvino`` (CPU, its extra), ``tensorrt`` (NVIDIA GPUs), ``torch`` (a
+    PyTorch module on a GPU), or ``auto``: the installed CPU runtime whose seeds run fastest here (timed first)."""
     intra_op_threads: int = Field(2, gt=0)
     """ONNX Runtime: threads per session; OpenVINO: ``INFERENCE_NUM_THREADS``. Fixed by the deployment."""
     timeout_s: float = Field(600.0, gt=0)

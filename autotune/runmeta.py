@@ -37,6 +37,8 @@ class RunMeta:
             build, and all of it where the backend gathers the statistics on its device after the build.
         time_s: Where the last session's wall time went: ``setup``, ``search``, ``confirmation``, ``export``.
         confirmation_cut: What the last session's confirmation gave up to fit ``budget.minutes``, or None.
+        backend_choice: Where the config said ``backend.name: auto``, the runtime chosen and the timings that chose
+            it (``autotune.harness.runtime_choice.RuntimeChoice``); None where the config named one.
     """
 
     strategy: str | None = None
@@ -49,6 +51,7 @@ class RunMeta:
     setup_stages_s: dict[str, float] = field(default_factory=dict)
     time_s: dict[str, float] = field(default_factory=dict)
     confirmation_cut: str | None = None
+    backend_choice: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

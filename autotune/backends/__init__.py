@@ -6,6 +6,8 @@ from autotune.backends.base import Backend, BackendUnavailable, BuildError, Grap
 from autotune.capabilities import Capabilities, Knob
 from autotune.config import BackendConfig, ModelConfig
 
+_AUTO = "backend 'auto' is a runtime chosen when a run starts (autotune tune, evaluate); name one to use it here"
+
 
 def backend_class(name: str) -> type[Backend]:
     """The class of the backend a config names, for what it says of itself before one is made.
@@ -31,6 +33,8 @@ def backend_class(name: str) -> type[Backend]:
         from autotune.backends.torch import TorchBackend
 
         return TorchBackend
+    if name == "auto":
+        raise BackendUnavailable(_AUTO)
     raise BackendUnavailable(f"backend {name!r} is not available in this version of autotune")
 
 
@@ -69,6 +73,8 @@ def get_backend(
         from autotune.backends.torch import TorchBackend
 
         return TorchBackend(model.torch if model is not None else None, options=config.options)
+    if config.name == "auto":
+        raise BackendUnavailable(_AUTO)
     raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune")
 
 

@@ -270,7 +270,8 @@ def test_accuracy_control_judges_the_items_nncf_passes_against_their_own_fp32_ou
     assert seen["max_drop"] == 0.02  # the run's budget
 
 
-@pytest.mark.int8_numeric
+# Not int8_numeric: under qemu -cpu Haswell OpenVINO's FP32 LSTM and GRU already differ from ONNX Runtime's (by
+# as much as the outputs themselves, the FP32 plan too); natively on AVX2 and VNNI CPUs both agree.
 def test_a_model_with_lstm_and_gru_keeps_them_fp32_and_builds_its_int8_plan():
     from autotune.config import SearchSpaceConfig
     from autotune.search.space import build_space
