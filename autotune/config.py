@@ -126,7 +126,11 @@ class MetricConfig(_Strict):
 
 
 class OnnxRuntimeOptions(_Strict):
-    """``backend.options`` of ONNX Runtime: none yet (its threads are ``backend.intra_op_threads``)."""
+    """``backend.options`` of ONNX Runtime and OpenVINO (their threads are ``backend.intra_op_threads``)."""
+
+    reference_runtimes: list[Literal["onnxruntime", "openvino"]] = Field(default_factory=list)
+    """Other CPU runtimes whose one-liners (but those that search) are references too, timed beside the finalists
+    (``backend.name: auto`` names the runtime it did not choose)."""
 
 
 TILING_LEVELS = ("NONE", "FAST", "MODERATE", "FULL")
@@ -524,19 +528,9 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         fix((data.get("data") or {}).get(split), "npz")
 
 
+_PLANNER_KEYS = ("probe_plans", "build_model_plan", "model_plans", "bold_plan", "imitation", "priors", "prior_weight")
 MOVED_KEYS: dict[tuple[str, str], str] = {
-    **{
-        ("ppo", key): f"planner.{key}"
-        for key in (
-            "probe_plans",
-            "build_model_plan",
-            "model_plans",
-            "bold_plan",
-            "imitation",
-            "priors",
-            "prior_weight",
-        )
-    },
+    **{("ppo", key): f"planner.{key}" for key in _PLANNER_KEYS},
     ("confirm", "bold_places"): "planner.bold_places",
 }
 """Keys that moved to another section, old (section, key) to the new dotted key: an old config gets one line."""

@@ -57,6 +57,8 @@ def get_backend(
             backend has no PyTorch model or no CUDA device.
         MissingExtra: The ``openvino`` extra is not installed (one line naming it).
     """
+    if any(name != config.name for name in getattr(config.options, "reference_runtimes", ())):
+        return _with_other_references(config, model, accuracy_budget, metric)
     if config.name == "onnxruntime":
         from autotune.backends.onnxruntime import OnnxRuntimeCPU
 
@@ -76,6 +78,21 @@ def get_backend(
     if config.name == "auto":
         raise BackendUnavailable(_AUTO)
     raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune")
+
+
+def _with_other_references(
+    config: BackendConfig, model: ModelConfig | None, accuracy_budget: float | None, metric: str
+) -> Backend:
+    """The backend a config names, whose one-liners include those of ``options.reference_runtimes``."""
+    from autotune.backends.other_references import WithOtherReferences
+
+    def alone(name: str) -> Backend:
+        return get_backend(
+            config.model_copy(update={"name": name, "options": type(config.options)()}), model, accuracy_budget, metric
+        )
+
+    others = [alone(name) for name in config.options.reference_runtimes if name != config.name]
+    return WithOtherReferences(alone(config.name), others)  # type: ignore[return-value] - the run's, delegating
 
 
 def searching_references(name: str) -> tuple[str, ...]:

@@ -114,9 +114,10 @@ def decide(speedups: Timings, skipped: Mapping[str, str] | None = None) -> Runti
     return RuntimeChoice(chosen, line, {r: dict(s) for r, s in speedups.items()}, skipped)
 
 
-def with_backend(config: TuneConfig, name: str) -> TuneConfig:
-    """``config`` with ``backend.name`` set to ``name``, everything else as it is."""
-    return config.model_copy(update={"backend": config.backend.model_copy(update={"name": name})})
+def with_backend(config: TuneConfig, name: str, references_of: Sequence[str] = ()) -> TuneConfig:
+    """``config`` on the runtime ``name``, ``references_of`` the runtimes whose one-liners are references too."""
+    options = config.backend.options.model_copy(update={"reference_runtimes": list(references_of)})
+    return config.model_copy(update={"backend": config.backend.model_copy(update={"name": name, "options": options})})
 
 
 def choose_runtime(
@@ -149,7 +150,8 @@ def choose_runtime(
         skipped.update(failed)
     choice = decide(speedups, skipped)
     say(choice.line)
-    return with_backend(config, choice.runtime), choice
+    others = [runtime for runtime in speedups if runtime != choice.runtime]
+    return with_backend(config, choice.runtime, others), choice
 
 
 def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:

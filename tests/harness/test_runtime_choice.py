@@ -35,6 +35,7 @@ def test_openvino_is_chosen_where_its_int8_seed_is_fastest(tmp_path, both_instal
     chosen, choice = choose_runtime(config, measure, say=lines.append)
     assert asked == [["onnxruntime", "openvino"]]
     assert chosen.backend.name == "openvino" and choice.runtime == "openvino"
+    assert chosen.backend.options.reference_runtimes == ["onnxruntime"]
     assert chosen.model_dump(exclude={"backend"}) == config.model_dump(exclude={"backend"})
     assert lines == [choice.line] and "OpenVINO, whose INT8 seed ran 1.70x" in choice.line
     assert "ONNX Runtime's best FP32 1.00x" in choice.line
@@ -98,15 +99,23 @@ def test_a_run_with_auto_records_the_choice_and_runs_on_the_chosen_runtime(tmp_p
 
     monkeypatch.setattr(runtime_choice, "time_seeds", measure)
     pytest.importorskip("openvino")
-    summary = tune(tiny_config(tmp_path, backend={"name": "auto"}), strategy="int8", isolate=False, progress=False)
+    references = ["ov-default", "ort-static", "ort-dynamic"]  # not NNCF's: its accuracy control takes a while
+    config = tiny_config(
+        tmp_path, backend={"name": "auto"}, confirm={"top_k": 1, "rounds": 1, "references": references}
+    )
+    summary = tune(config, strategy="int8", isolate=False, progress=False)
     assert summary["backend_choice"]["runtime"] == "openvino"
     assert summary["backend_choice"]["speedups"]["openvino"]["int8"] == 1.4
     assert summary["int8_arithmetic"]["scheme"] in ("u8s8", "u8s7")  # OpenVINO's probe, not ONNX Runtime's
     run_config = (tmp_path / "runs" / "tiny" / "config.yaml").read_text()
     assert "name: openvino" in run_config  # a resume runs on the chosen runtime
+    assert {"ov-default", "ort-static", "ort-dynamic"} <= set(summary["references"])  # both runtimes' one-liners
+    assert summary["references"]["ort-static"]["status"] == "ok"
 
 
 def test_with_backend_changes_only_the_name(tmp_path):
     config = tiny_config(tmp_path, backend={"name": "auto", "intra_op_threads": 1})
-    changed = with_backend(config, "openvino")
+    changed = with_backend(config, "openvino", ["onnxruntime"])
     assert changed.backend.name == "openvino" and changed.backend.intra_op_threads == 1
+    assert changed.backend.options.reference_runtimes == ["onnxruntime"]
+    assert changed.model_dump(exclude={"backend"}) == config.model_dump(exclude={"backend"})
