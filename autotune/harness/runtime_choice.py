@@ -157,8 +157,11 @@ def choose_runtime(
 def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Builds the FP32 and all-INT8 seeds on each runtime as its run would and times them side by side.
 
-    ONNX Runtime's FP32 reference is the clock every speedup is over. A runtime whose set-up or seeds fail is
-    left out, with the reason (its runtime's own line, never a traceback).
+    ONNX Runtime's FP32 reference is the clock every speedup is over. Another runtime whose set-up or seeds fail
+    is left out, with the reason (its runtime's own line, never a traceback).
+
+    Raises:
+        SetupError: ONNX Runtime cannot set the run up (the model, the data): the error the run would stop with.
     """
     from autotune.harness.prepare import SetupError
     from autotune.harness.runner import TrialRunner
@@ -171,13 +174,15 @@ def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, d
             runner = TrialRunner(with_backend(config, runtime))
             seeds = _seed_runners(runner, config.cache_dir / "runtime_choice" / runtime)
         except (SetupError, BuildError, BackendUnavailable, MissingExtra, RuntimeError) as error:
+            if runtime == CPU_RUNTIMES[0]:  # the default: its run would stop with this error, so the choice does
+                raise
             skipped[runtime] = f"{LABELS[runtime]} could not build the seeds: {str(error).splitlines()[0]}"
             log.info("backend auto: %s", skipped[runtime])
             continue
         if runtime == CPU_RUNTIMES[0]:
             reference = seeds["fp32"]
         engines.update({(runtime, seed): run for seed, run in seeds.items()})
-    if reference is None:  # ONNX Runtime failed: the run on it fails with its own message
+    if reference is None:  # ONNX Runtime was not asked for: nothing is the clock
         return {}, skipped
     keys = list(engines)
     protocol = Protocol(**{**CHOICE_PROTOCOL.to_dict(), "stop_at": time.time() + CHOICE_SECONDS})

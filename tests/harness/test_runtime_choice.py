@@ -119,3 +119,12 @@ def test_with_backend_changes_only_the_name(tmp_path):
     assert changed.backend.name == "openvino" and changed.backend.intra_op_threads == 1
     assert changed.backend.options.reference_runtimes == ["onnxruntime"]
     assert changed.model_dump(exclude={"backend"}) == config.model_dump(exclude={"backend"})
+
+
+def test_a_model_onnx_runtime_cannot_set_up_stops_the_choice_with_the_runs_own_error(tmp_path):
+    from autotune.harness.prepare import SetupError
+
+    config = tiny_config(tmp_path, backend={"name": "auto"})
+    broken = config.model_copy(update={"model": config.model.model_copy(update={"onnx": tmp_path / "absent.onnx"})})
+    with pytest.raises(SetupError, match="absent.onnx"):
+        time_seeds(broken, ["onnxruntime", "openvino"])
