@@ -1,9 +1,9 @@
 """``backend.name: auto``: the CPU runtime a run tunes on, chosen by timing each installed runtime's seeds.
 
 Before the run starts, every installed CPU runtime (ONNX Runtime; OpenVINO where its extra is installed) builds
-the run's FP32 and all-INT8 seeds as a run on it would (``TrialRunner``: the same calibration, scheme and
-layerwise choices, cached for the run that follows), and all of them are timed side by side in the same rounds
-against ONNX Runtime's FP32 model (``autotune.measure.side_by_side``). The run tunes on the runtime whose fastest
+the run's FP32 and all-INT8 seeds as a run on it would (the same model, search space, INT8 scheme and calibration,
+cached for the run that follows), and all of them are timed side by side in the same rounds against ONNX
+Runtime's FP32 model (``autotune.measure.side_by_side``). The run tunes on the runtime whose fastest
 seed is fastest; ONNX Runtime, the default, keeps a tie (``TIE_MARGIN``). The choice is one line on stderr and
 ``backend_choice`` in ``summary.json``.
 """
@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from autotune.backends import BackendUnavailable, BuildError
@@ -155,7 +154,7 @@ def choose_runtime(
 
 
 def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
-    """Builds the FP32 and all-INT8 seeds on each runtime as its run would and times them side by side.
+    """Builds the FP32 and all-INT8 seeds on each runtime and times them side by side.
 
     ONNX Runtime's FP32 reference is the clock every speedup is over. Another runtime whose set-up or seeds fail
     is left out, with the reason (its runtime's own line, never a traceback).
@@ -164,44 +163,66 @@ def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, d
         SetupError: ONNX Runtime cannot set the run up (the model, the data): the error the run would stop with.
     """
     from autotune.harness.prepare import SetupError
-    from autotune.harness.runner import TrialRunner
 
     engines: dict[tuple[str, str], Callable[[], object]] = {}
     skipped: dict[str, str] = {}
     reference = None
     for runtime in runtimes:
         try:
-            runner = TrialRunner(with_backend(config, runtime))
-            seeds = _seed_runners(runner, config.cache_dir / "runtime_choice" / runtime)
+            seeds = _seed_runners(with_backend(config, runtime))
         except (SetupError, BuildError, BackendUnavailable, MissingExtra, RuntimeError) as error:
             if runtime == CPU_RUNTIMES[0]:  # the default: its run would stop with this error, so the choice does
                 raise
             skipped[runtime] = f"{LABELS[runtime]} could not build the seeds: {str(error).splitlines()[0]}"
             log.info("backend auto: %s", skipped[runtime])
             continue
-        if runtime == CPU_RUNTIMES[0]:
-            reference = seeds["fp32"]
+        if runtime == CPU_RUNTIMES[0]:  # the clock: 1.0 by definition, not timed against itself
+            reference = seeds.pop("fp32")
         engines.update({(runtime, seed): run for seed, run in seeds.items()})
     if reference is None:  # ONNX Runtime was not asked for: nothing is the clock
         return {}, skipped
     keys = list(engines)
     protocol = Protocol(**{**CHOICE_PROTOCOL.to_dict(), "stop_at": time.time() + CHOICE_SECONDS})
     latencies = side_by_side([engines[key] for key in keys], reference, protocol)
-    speedups: dict[str, dict[str, float]] = {}
+    speedups: dict[str, dict[str, float]] = {CPU_RUNTIMES[0]: {"fp32": 1.0}}
     for (runtime, seed), latency in zip(keys, latencies, strict=True):
         speedups.setdefault(runtime, {})[seed] = round(latency.speedup, 4)
     return speedups, skipped
 
 
-def _seed_runners(runner: Any, workdir: Path) -> dict[str, Callable[[], object]]:
-    """Runs of each seed's engine over the first two evaluation batches, by seed name."""
-    batches = runner.datasets["evaluation"].batches[:2]
-    fp32 = runner.space.uniform("fp32")
-    runs = {}
-    for seed in SEEDS:
-        plan: Plan = runner.space.uniform(seed)
-        if seed != "fp32" and plan.hash == fp32.hash:
-            continue  # no such layer on this runtime: its FP32 seed stands for it
-        artifact = runner.reference if seed == "fp32" else runner.build(plan, workdir)
-        runs[seed] = lambda artifact=artifact, backend=runner.backend: [backend.run(artifact, b) for b in batches]
-    return runs
+def _seed_runners(config: TuneConfig) -> dict[str, Callable[[], object]]:
+    """Runs of each seed's engine over two calibration batches, by seed name, built as the run builds its seeds.
+
+    The model, search space and calibration ranges are the run's (the calibration cached for it); the INT8 seed
+    takes the ``max`` ranges, not the run's layerwise choices, which move scales, not kernels: the timing is the
+    same, and a MiniLM's layerwise calibration alone takes minutes on two cores.
+
+    Raises:
+        SetupError: The model, the data or the backend cannot be used.
+        BuildError: A seed does not build.
+    """
+    from autotune.backends import get_backend
+    from autotune.data import load_dataset
+    from autotune.harness.prepare import SetupError, calibrate_ranges, load_model, prepare_backend, search_space
+    from autotune.quant.lowering import NONE, Quantization
+
+    try:
+        backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
+        model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
+        space = search_space(config.search, model, backend)
+        prepare_backend(backend, model, space)
+        data = load_dataset(config.data.calibration, model.inputs, "calibration", config.seed + 2)
+    except (ValueError, OSError) as error:
+        raise SetupError(str(error)) from error
+    workdir = config.cache_dir / "runtime_choice" / config.backend.name
+    fp32 = space.uniform("fp32", backend.fp32_reference_knobs())
+    artifacts = {"fp32": backend.build(fp32, NONE, workdir)}
+    int8: Plan = space.uniform("int8")
+    if int8.hash != space.uniform("fp32").hash:  # else no INT8 layer here: the FP32 seed stands for it
+        calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
+        artifacts["int8"] = backend.build(int8, Quantization(calibration.ranges("max")), workdir)
+    batches = data.batches[:2]
+    return {
+        seed: (lambda artifact=artifact: [backend.run(artifact, batch) for batch in batches])
+        for seed, artifact in artifacts.items()
+    }
