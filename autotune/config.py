@@ -228,6 +228,8 @@ class BackendConfig(_Strict):
         if isinstance(data, dict):
             name = data.get("name", "onnxruntime")
             options = data.get("options") or {}
+            if isinstance(options, dict) and options.get("reference_runtimes", None) == []:  # the CPU default, dumped
+                options = {key: value for key, value in options.items() if key != "reference_runtimes"}
             if name in BACKEND_OPTIONS and isinstance(options, dict):
                 try:
                     typed = BACKEND_OPTIONS[name].model_validate(options)

@@ -128,3 +128,17 @@ def test_a_model_onnx_runtime_cannot_set_up_stops_the_choice_with_the_runs_own_e
     broken = config.model_copy(update={"model": config.model.model_copy(update={"onnx": tmp_path / "absent.onnx"})})
     with pytest.raises(SetupError, match="absent.onnx"):
         time_seeds(broken, ["onnxruntime", "openvino"])
+
+
+def test_a_dumped_cpu_config_switched_to_another_backend_still_validates(tmp_path):
+    import yaml
+
+    from autotune.config import ConfigError, dump_config, parse_config
+
+    data = yaml.safe_load(dump_config(tiny_config(tmp_path)))
+    assert data["backend"]["options"] == {"reference_runtimes": []}
+    data["backend"]["name"] = "tensorrt"
+    assert parse_config(data).backend.name == "tensorrt"
+    data["backend"]["options"] = {"reference_runtimes": ["openvino"]}  # asked for: TensorRT has no such option
+    with pytest.raises(ConfigError, match="reference_runtimes"):
+        parse_config(data)
