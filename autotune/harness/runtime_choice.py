@@ -141,7 +141,7 @@ def choose_runtime(
         return config, None
     runtimes, skipped = installed_runtimes()
     if not timed:
-        runtimes, skipped = runtimes[:1], {"": "not timed for this command; autotune tune and evaluate time them"}
+        runtimes, skipped = runtimes[:1], {"auto": "not timed for this command; autotune tune and evaluate time them"}
     speedups: dict[str, dict[str, float]] = {}
     if len(runtimes) > 1:
         timed, failed = (measure or time_seeds)(config, runtimes)
