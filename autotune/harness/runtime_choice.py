@@ -1,11 +1,11 @@
 """``backend.name: auto``: the CPU runtime a run tunes on, chosen by timing each installed runtime's seeds.
 
 Before the run starts, every installed CPU runtime (ONNX Runtime; OpenVINO where its extra is installed) builds
-the run's FP32 and all-INT8 seeds as a run on it would (the same model, search space, INT8 scheme and calibration,
-cached for the run that follows), and all of them are timed side by side in the same rounds against ONNX
-Runtime's FP32 model (``autotune.measure.side_by_side``). The run tunes on the runtime whose fastest
-seed is fastest; ONNX Runtime, the default, keeps a tie (``TIE_MARGIN``). The choice is one line on stderr and
-``backend_choice`` in ``summary.json``.
+the run's uniform seeds (FP32, all-INT8, all-BF16 where offered) as a run on it would (the same model, search
+space, INT8 scheme and calibration, cached for the run that follows), and all of them are timed side by side in
+the same rounds against ONNX Runtime's FP32 model (``autotune.measure.side_by_side``). The run tunes on the runtime
+whose fastest seed is fastest; ONNX Runtime, the default, keeps a tie (``TIE_MARGIN``). The choice is one line on
+stderr and ``backend_choice`` in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from autotune.backends import BackendUnavailable, BuildError
 from autotune.config import TuneConfig
 from autotune.extras import MissingExtra
 from autotune.measure import Protocol, side_by_side
-from autotune.plan import Plan
+from autotune.plan import PRECISIONS, Plan
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,9 @@ CPU_RUNTIMES = ("onnxruntime", "openvino")
 
 LABELS = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
 
-SEEDS = ("fp32", "int8")
-"""The uniform plans timed on each runtime: what the search starts from there."""
+SEEDS = PRECISIONS
+"""The uniform plans timed on each runtime where it offers them: what the search starts from there (FP32 and
+all-INT8 on an AVX2 CPU; all-BF16 too on OpenVINO where the CPU has BF16)."""
 
 TIE_MARGIN = 0.03
 """Another runtime is chosen over ONNX Runtime only when its fastest seed is this much faster than ONNX Runtime's:
@@ -217,10 +218,16 @@ def _seed_runners(config: TuneConfig) -> dict[str, Callable[[], object]]:
     workdir = config.cache_dir / "runtime_choice" / config.backend.name
     fp32 = space.uniform("fp32", backend.fp32_reference_knobs())
     artifacts = {"fp32": backend.build(fp32, NONE, workdir)}
-    int8: Plan = space.uniform("int8")
-    if int8.hash != space.uniform("fp32").hash:  # else no INT8 layer here: the FP32 seed stands for it
-        calibration = calibrate_ranges(config.calibration, config.cache_dir, model, backend, data)
-        artifacts["int8"] = backend.build(int8, Quantization(calibration.ranges("max")), workdir)
+    ranges = None
+    for precision in SEEDS[1:]:
+        plan: Plan = space.uniform(precision)
+        if plan.hash == space.uniform("fp32").hash:  # no such layer here: the FP32 seed stands for it
+            continue
+        if ranges is None and ("int8" in precision or "fp8" in precision):
+            ranges = Quantization(
+                calibrate_ranges(config.calibration, config.cache_dir, model, backend, data).ranges("max")
+            )
+        artifacts[precision] = backend.build(plan, ranges if ranges is not None else NONE, workdir)
     batches = data.batches[:2]
     return {
         seed: (lambda artifact=artifact: [backend.run(artifact, batch) for batch in batches])
