@@ -89,7 +89,8 @@ def test_the_seeds_of_both_runtimes_are_timed_against_onnx_runtime_fp32(tmp_path
     speedups, skipped = time_seeds(config, ["onnxruntime", "openvino"])
     assert skipped == {}
     assert set(speedups) == {"onnxruntime", "openvino"}
-    assert all(set(seeds) == {"fp32", "int8"} for seeds in speedups.values())
+    assert all({"fp32", "int8"} <= set(seeds) for seeds in speedups.values())  # all-BF16 too on a BF16 CPU
+    assert speedups["onnxruntime"]["fp32"] == 1.0  # the clock
     assert all(0.05 < value < 20 for seeds in speedups.values() for value in seeds.values())
 
 
