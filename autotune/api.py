@@ -14,6 +14,8 @@ from autotune.backends import BuildError, backend_class, get_backend
 from autotune.config import TuneConfig
 from autotune.data import load_dataset
 from autotune.harness import Evaluator, SetupError, load_model, prepare_backend, search_space, with_runtime_shares
+from autotune.harness.runtime_choice import choose_runtime
+from autotune.harness.selfcheck import say
 from autotune.metrics import check_labels
 from autotune.model import LoadedModel, factory_module
 from autotune.plan import PRECISIONS, Plan
@@ -239,6 +241,7 @@ def evaluate_side_by_side(
         One JSON-ready result per plan, in the given order, each with the path of its kept model under
         ``artifact``.
     """
+    config, _ = choose_runtime(config, say=say)
     _, space = analyze(config, profile=False)
     one_liners = references(config)
     plans = [resolve_plan(spec, space, one_liners) for spec in plan_specs]

@@ -230,7 +230,7 @@ def draft_config(
         "data": {split: {"npz": str(data_path), "start": a, "stop": b} for split, (a, b) in ranges.items()},
         "metric": {"name": metric},
         "accuracy_budget": DEFAULT_ACCURACY_BUDGET,
-        "backend": {"name": "onnxruntime"},
+        "backend": {"name": "auto"},
     }
     notes = _notes(graph, inputs, total, data_path, metric)
     summary = (
@@ -256,7 +256,8 @@ def _notes(graph: Any, inputs: list[InputSpec], total: int, data: Path, metric: 
         if metric != "top1"
         else "top-1 accuracy against the file's labels",
         "accuracy_budget": "The largest drop of the metric a plan may cost",
-        "backend": "ONNX Runtime on this machine's CPU",
+        "backend": "The CPU runtime whose FP32 and all-INT8 seeds run fastest on this machine, timed side by side "
+        "when the run starts (ONNX Runtime; OpenVINO where it is installed); name one to skip the timing",
     }
 
 

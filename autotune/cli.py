@@ -128,7 +128,10 @@ def _one_liners() -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    config = _load(args)
+    from autotune.harness.runtime_choice import choose_runtime
+    from autotune.harness.selfcheck import say
+
+    config, _ = choose_runtime(_load(args), say=say, timed=False)  # backend auto: shown on ONNX Runtime
     model, space = api.analyze(config)
     rows = api.layer_table(model, space)
     if args.json:
@@ -223,6 +226,8 @@ def _summary_row(label: str, row: dict) -> str:
 
 def _print_summary(summary: dict) -> None:
     winner, reference = summary["winner"], summary.get("fp32_reference") or {}
+    if summary.get("backend_choice"):
+        print(f"\n{summary['backend_choice']['line']}")
     print(f"\nwinner (rank {summary['rank']}): {summary['plan']}")
     pipelined = f" {'ms b2b':>11}" if winner.get("back_to_back_ms") else ""  # 20 launches back to back, per launch
     print(

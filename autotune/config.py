@@ -125,7 +125,11 @@ class MetricConfig(_Strict):
 
 
 class OnnxRuntimeOptions(_Strict):
-    """``backend.options`` of ONNX Runtime: none yet (its threads are ``backend.intra_op_threads``)."""
+    """``backend.options`` of ONNX Runtime and OpenVINO (their threads are ``backend.intra_op_threads``)."""
+
+    reference_runtimes: list[Literal["onnxruntime", "openvino"]] = Field(default_factory=list)
+    """Other CPU runtimes whose one-liners (but those that search) are references too, timed beside the finalists
+    (``backend.name: auto`` names the runtime it did not choose)."""
 
 
 TILING_LEVELS = ("NONE", "FAST", "MODERATE", "FULL")
@@ -206,9 +210,9 @@ BackendOptions = OnnxRuntimeOptions | TensorRTOptions | TorchOptions
 class BackendConfig(_Strict):
     """The backend that builds and measures engines, and its deployment settings (not searched)."""
 
-    name: Literal["onnxruntime", "openvino", "tensorrt", "torch"] = "onnxruntime"
-    """``onnxruntime`` (CPU, the embedded default), ``openvino`` (CPU, the ``openvino`` extra), ``tensorrt`` (NVIDIA
-    GPUs, the ``tensorrt`` extra) or ``torch`` (a PyTorch module on an NVIDIA GPU)."""
+    name: Literal["auto", "onnxruntime", "openvino", "tensorrt", "torch"] = "onnxruntime"
+    """``onnxruntime`` (CPU, the default), ``openvino`` (CPU, its extra), ``tensorrt`` (NVIDIA GPUs), ``torch`` (a
+    PyTorch module on a GPU), or ``auto``: the installed CPU runtime whose seeds run fastest here (timed first)."""
     intra_op_threads: int = Field(2, gt=0)
     """ONNX Runtime: threads per session; OpenVINO: ``INFERENCE_NUM_THREADS``. Fixed by the deployment."""
     timeout_s: float = Field(600.0, gt=0)
@@ -223,6 +227,8 @@ class BackendConfig(_Strict):
         if isinstance(data, dict):
             name = data.get("name", "onnxruntime")
             options = data.get("options") or {}
+            if isinstance(options, dict) and options.get("reference_runtimes", None) == []:  # the CPU default, dumped
+                options = {key: value for key, value in options.items() if key != "reference_runtimes"}
             if name in BACKEND_OPTIONS and isinstance(options, dict):
                 try:
                     typed = BACKEND_OPTIONS[name].model_validate(options)
@@ -523,19 +529,9 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
         fix((data.get("data") or {}).get(split), "npz")
 
 
+_PLANNER_KEYS = ("probe_plans", "build_model_plan", "model_plans", "bold_plan", "imitation", "priors", "prior_weight")
 MOVED_KEYS: dict[tuple[str, str], str] = {
-    **{
-        ("ppo", key): f"planner.{key}"
-        for key in (
-            "probe_plans",
-            "build_model_plan",
-            "model_plans",
-            "bold_plan",
-            "imitation",
-            "priors",
-            "prior_weight",
-        )
-    },
+    **{("ppo", key): f"planner.{key}" for key in _PLANNER_KEYS},
     ("confirm", "bold_places"): "planner.bold_places",
 }
 """Keys that moved to another section, old (section, key) to the new dotted key: an old config gets one line."""

@@ -41,6 +41,8 @@ class RunMeta:
             left it, or without it a share of the search's seconds (``autotune.harness.deadline``).
         search_split_s: Where the last session's search time went: ``trials`` (building, scoring and timing
             plans) and ``strategy`` (the rest: the policy's rollouts, rehearsals and updates, the planner's model).
+        backend_choice: Where the config said ``backend.name: auto``, the runtime chosen and the timings that chose
+            it (``autotune.harness.runtime_choice.RuntimeChoice``); None where the config named one.
     """
 
     strategy: str | None = None
@@ -55,6 +57,7 @@ class RunMeta:
     confirmation_cut: str | None = None
     confirmation_allowance_s: float | None = None
     search_split_s: dict[str, float] = field(default_factory=dict)
+    backend_choice: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, store: TrialStore) -> RunMeta:

@@ -21,6 +21,7 @@ from autotune.harness.prepare import Stages
 from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import confirmation_protocol
+from autotune.harness.runtime_choice import RuntimeChoice, choose_runtime
 from autotune.harness.selfcheck import (
     bar_line,
     bar_order,
@@ -150,6 +151,8 @@ def tune(
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     deadline = RunDeadline(config.budget.minutes, time.time())
     stage = Stages()
+    with stage("backend_choice"):  # backend.name: auto; the resolved config names the runtime, so a resume keeps it
+        config, choice = choose_runtime(config, say=say)
     trial_process = Evaluator.start_early(config, isolate)  # loads the backend while this process analyses
     try:
         # Model, backend, search space and data are checked before the run directory exists: a run that cannot
@@ -163,7 +166,7 @@ def tune(
             check_comparable(config.from_runs, key)
             run = RunDir.create(config)
         with TrialStore(run.store) as store:
-            strategy = _open_run(store, config, key, resume_dir, strategy)
+            strategy = _open_run(store, config, key, resume_dir, strategy, choice)
             monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
             monitor.seed(list(store.trials()))
             try:
@@ -182,13 +185,22 @@ def tune(
     return summary
 
 
-def _open_run(store: TrialStore, config: TuneConfig, key: dict, resume_dir: Path | None, strategy: str) -> str:
-    """Checks a resumed run's store against this machine, or records a new run's key; the strategy to run."""
+def _open_run(
+    store: TrialStore,
+    config: TuneConfig,
+    key: dict,
+    resume_dir: Path | None,
+    strategy: str,
+    choice: RuntimeChoice | None,
+) -> str:
+    """Checks a resumed run's store against this machine, or records a new run's key and runtime choice."""
     if resume_dir is not None:
         check_resumable(store, key, resume_dir)  # another machine or runtime: refused in one line
         return RunMeta.read(store).strategy or strategy
     store.set_meta(KEY_META, key)
     RunMeta.write(store, strategy=strategy, imported_from=import_runs(store, config.from_runs, key))
+    if choice is not None:
+        RunMeta.write(store, backend_choice=choice.to_dict())
     return strategy
 
 
@@ -278,6 +290,7 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
     summary = _confirm_and_export(session, space, fp32, one_liners, confirmation, times)
     RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started, time_s=times)
     summary.update(_time_fields(store, deadline), references_before_search=bar or None)
+    summary["backend_choice"] = RunMeta.read(store).backend_choice
     write_json(session.run.best / "summary.json", summary)
     winner = store.confirmations()[summary["plan_hash"]].plan
     session.monitor.text("winner", _winner_markdown(summary, space, winner))

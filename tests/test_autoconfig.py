@@ -41,7 +41,7 @@ def test_dynamic_dimensions_take_the_datas_and_the_file_splits_in_quarters_half_
     assert spans == {"calibration": (0, 8), "evaluation": (8, 32), "holdout": (32, 40)}
     assert config.name == "seq-model" and config.model.onnx == model.resolve()
     assert config.metric.name == "cosine" and config.metric.output is None  # the first output
-    assert config.accuracy_budget == DEFAULT_ACCURACY_BUDGET and config.backend.name == "onnxruntime"
+    assert config.accuracy_budget == DEFAULT_ACCURACY_BUDGET and config.backend.name == "auto"
     assert draft_config(model, samples).data == draft.data  # deterministic
     specs = [InputSpec(i.name, tuple(i.shape), i.dtype) for i in config.inputs]
     counts = {split: len(load_dataset(source, specs, split).batches) for split, source in config.data}

@@ -6,6 +6,8 @@ from autotune.backends.base import Backend, BackendUnavailable, BuildError, Grap
 from autotune.capabilities import Capabilities, Knob
 from autotune.config import BackendConfig, ModelConfig
 
+_AUTO = "backend 'auto' is a runtime chosen when a run starts (autotune tune, evaluate); name one to use it here"
+
 
 def backend_class(name: str) -> type[Backend]:
     """The class of the backend a config names, for what it says of itself before one is made.
@@ -31,6 +33,8 @@ def backend_class(name: str) -> type[Backend]:
         from autotune.backends.torch import TorchBackend
 
         return TorchBackend
+    if name == "auto":
+        raise BackendUnavailable(_AUTO)
     raise BackendUnavailable(f"backend {name!r} is not available in this version of autotune")
 
 
@@ -53,6 +57,8 @@ def get_backend(
             backend has no PyTorch model or no CUDA device.
         MissingExtra: The ``openvino`` extra is not installed (one line naming it).
     """
+    if any(name != config.name for name in getattr(config.options, "reference_runtimes", ())):
+        return _with_other_references(config, model, accuracy_budget, metric)
     if config.name == "onnxruntime":
         from autotune.backends.onnxruntime import OnnxRuntimeCPU
 
@@ -69,7 +75,24 @@ def get_backend(
         from autotune.backends.torch import TorchBackend
 
         return TorchBackend(model.torch if model is not None else None, options=config.options)
+    if config.name == "auto":
+        raise BackendUnavailable(_AUTO)
     raise BackendUnavailable(f"backend {config.name!r} is not available in this version of autotune")
+
+
+def _with_other_references(
+    config: BackendConfig, model: ModelConfig | None, accuracy_budget: float | None, metric: str
+) -> Backend:
+    """The backend a config names, whose one-liners include those of ``options.reference_runtimes``."""
+    from autotune.backends.other_references import WithOtherReferences
+
+    def alone(name: str) -> Backend:
+        return get_backend(
+            config.model_copy(update={"name": name, "options": type(config.options)()}), model, accuracy_budget, metric
+        )
+
+    others = [alone(name) for name in config.options.reference_runtimes if name != config.name]
+    return WithOtherReferences(alone(config.name), others)  # type: ignore[return-value] - the run's, delegating
 
 
 def searching_references(name: str) -> tuple[str, ...]:

@@ -6,12 +6,18 @@
 from __future__ import annotations
 
 from autotune.backends.openvino.backend import OpenVINOArtifact, OpenVINOCPU, load_compiled
-from autotune.backends.openvino.properties import INFERENCE_PRECISION_KNOB, OPENVINO_RECIPE, bf16_features
+from autotune.backends.openvino.properties import (
+    INFERENCE_PRECISION_KNOB,
+    OPENVINO_RECIPE,
+    OPENVINO_SCHEMES,
+    bf16_features,
+)
 from autotune.backends.openvino.references import REFERENCES
 
 __all__ = [
     "INFERENCE_PRECISION_KNOB",
     "OPENVINO_RECIPE",
+    "OPENVINO_SCHEMES",
     "REFERENCES",
     "OpenVINOArtifact",
     "OpenVINOCPU",

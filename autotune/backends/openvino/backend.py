@@ -3,7 +3,9 @@
 Precisions per layer:
 
 - **FP32** and **INT8** are what the typed graph says: our Q/DQ pairs, which OpenVINO reads as FakeQuantize and
-  runs on its integer kernels (VNNI, AMX) where its low-precision transformations fuse them.
+  runs on its integer kernels (VNNI, AMX; AVX2's saturating ones) where its low-precision transformations fuse
+  them. The INT8 scheme is probed as ONNX Runtime's is (``autotune.backends.int8_kernels``): int8 weights where
+  the CPU plugin computes them exactly, 7-bit weights where its kernels saturate int16 pairs (AVX2 without VNNI).
 - **BF16** only where the CPU has it (AVX512_BF16 or AMX-BF16, and OpenVINO reports BF16 among the CPU's
   ``OPTIMIZATION_CAPABILITIES``). In a plan whose ``inference_precision`` is ``fp32`` a BF16 layer is written as
   our lowering writes it (bfloat16 weights, Casts around the layer) and compiled with
@@ -28,11 +30,12 @@ import numpy as np
 import onnx
 
 from autotune.backends.base import BuildError, GraphArtifact, GraphBackend
+from autotune.backends.int8_kernels import SchemeVerdict, choose_recipe, isa_features, scheme_name, scheme_verdicts
 from autotune.backends.openvino.properties import (
     FREE_KNOBS,
     HINTS,
     INFERENCE_PRECISION_KNOB,
-    OPENVINO_RECIPE,
+    OPENVINO_SCHEMES,
     bf16_features,
     compile_config,
     openvino_module,
@@ -43,6 +46,7 @@ from autotune.files import write_json
 from autotune.optypes import RECURRENT_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES
 from autotune.plan import KnobValue, Plan
 from autotune.quant.lowering import Quantization, lower
+from autotune.quant.recipe import QuantRecipe
 
 
 @dataclass
@@ -111,7 +115,6 @@ class OpenVINOCPU(GraphBackend):
         return {**super().device_identity(), "bf16_isa": list(bf16_features())}
 
     name = "openvino"
-    recipe = OPENVINO_RECIPE
     searching_references = ("nncf-accuracy-control",)
 
     def __init__(self, intra_op_threads: int = 2, accuracy_budget: float | None = None, metric: str = "cosine"):
@@ -120,6 +123,39 @@ class OpenVINOCPU(GraphBackend):
         self.intra_op_threads = intra_op_threads
         self.accuracy_budget = accuracy_budget
         self.metric = metric
+        self._recipe: QuantRecipe | None = None
+
+    @property
+    def recipe(self) -> QuantRecipe:  # type: ignore[override] - the base declares an attribute
+        """The INT8 scheme of this CPU: the first of ``OPENVINO_SCHEMES`` the probe finds exact here.
+
+        Raises:
+            RuntimeError: No scheme computes exactly (``choose_recipe`` names every verdict).
+        """
+        if self._recipe is None:
+            self._recipe = choose_recipe(OPENVINO_SCHEMES, self.int8_verdicts())
+        return self._recipe
+
+    def int8_verdicts(self) -> dict[str, SchemeVerdict]:
+        """Whether each of ``OPENVINO_SCHEMES`` computes exactly on compiled models as builds compile them.
+
+        The one-node probes of ``autotune.backends.int8_kernels``, once per process, OpenVINO version and ISA.
+        """
+        version = self.ov.get_version() if hasattr(self.ov, "get_version") else ""
+        session = lambda model: _ProbeSession(self, model)  # noqa: E731
+        return scheme_verdicts(OPENVINO_SCHEMES, session, cache_key=("openvino", version, isa_features()))
+
+    def int8_arithmetic(self) -> dict[str, Any]:
+        """The scheme here, its weight range, the exact schemes, the CPU's INT8 ISA and the probe's verdicts."""
+        recipe = self.recipe
+        verdicts = self.int8_verdicts()
+        return {
+            "scheme": scheme_name(recipe),
+            "weight_range": [-recipe.weight_max, recipe.weight_max],
+            "exact": [name for name, verdict in verdicts.items() if verdict.exact],
+            "isa": list(isa_features()),
+            "verdicts": {name: verdict.describe() for name, verdict in verdicts.items()},
+        }
 
     def has_bf16(self) -> bool:
         """True where the CPU lists AVX512_BF16 or AMX-BF16 and OpenVINO's CPU plugin reports BF16."""
@@ -260,6 +296,17 @@ class OpenVINOCPU(GraphBackend):
         if artifact.graph is not None:
             files.extend(super().export(artifact, plan, out_dir))
         return files
+
+
+class _ProbeSession:
+    """A probe model compiled as builds compile it, run as the probe calls an ONNX Runtime session."""
+
+    def __init__(self, backend: OpenVINOCPU, model: onnx.ModelProto):
+        self.backend = backend
+        self.engine = backend.build_graph(model, {})
+
+    def run(self, _names: Any, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return self.backend.run_engine(self.engine, feeds)
 
 
 def load_compiled(out_dir: Path, threads: int | None = None) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.backends.int8_kernels import cpu_flags
+from autotune.backends.int8_kernels import cpu_flags, reduced_range
 from autotune.extras import require
 from autotune.plan import KnobValue
 from autotune.quant.recipe import QuantRecipe
@@ -24,6 +24,12 @@ BF16_ISA_FLAGS = ("avx512_bf16", "amx_bf16")
 OPENVINO_RECIPE = QuantRecipe(activation_dtype="uint8", quantize_gemm_bias=False)
 """uint8 activations and int8 per-channel weights, the x86 scheme of OpenVINO's own quantizer (NNCF); biases stay
 float, which OpenVINO adds after the integer product anyway."""
+
+OPENVINO_SCHEMES = (OPENVINO_RECIPE, reduced_range(OPENVINO_RECIPE))
+"""The INT8 schemes the lowering may use, best first: 8-bit int8 weights where the CPU plugin's kernels compute them
+exactly (VNNI, AMX), else 7-bit ones (``u8s7``), whose u8 x s7 pairs fit the int16 sums of the AVX2 kernels. Not
+uint8 weights (``u8u8``, ONNX Runtime's first fallback): OpenVINO computes them exactly but dequantizes such
+weights to float, which runs slower than its FP32 model."""
 
 HINTS = {"fp32": "f32", "bf16": "bf16"}
 
