@@ -32,6 +32,14 @@ FAST_MEASURE = {
     "busy_others": None,
 }
 FAST_CONFIRM = {"top_k": 2, "repeats": 1, "rounds": 1}
+ONE_LINERS_BEFORE_SEARCH = 2
+"""Counted trial calls before a tiny run's first build: its one-liners (``ort-static``, ``ort-dynamic``), scored
+beside the self-check before the search (``autotune.harness.selfcheck.check_search_timing``)."""
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of a command's stderr that are not the ``autotune: note:`` lines a run says as it goes."""
+    return [line for line in stderr.splitlines() if not line.startswith("autotune: note: ")]
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -28,6 +28,7 @@ from tests.reliability.helpers import (
     assert_resumed_cleanly,
     autotune,
     cli,
+    error_lines,
     fast_config,
     integrity,
     snapshot,
@@ -74,7 +75,7 @@ def test_full_disk_stops_the_run_with_a_clear_error_and_resume_loses_nothing(tmp
         cwd=tmp_path, preexec_fn=_limit_file_size(300_000),
     )  # fmt: skip
     assert full.returncode == 2, full.stderr
-    assert full.stderr.startswith("autotune: error: cannot write ")
+    assert error_lines(full.stderr)[0].startswith("autotune: error: cannot write ")
     assert str(store_path) in full.stderr and "free disk space or make the folder writable" in full.stderr
     assert "Traceback" not in full.stderr
     assert integrity(store_path) == [("ok",)]
@@ -223,9 +224,9 @@ def test_full_disk_in_the_tensorboard_writer_is_a_clear_error_and_resumable(tmp_
     monkeypatch.setattr(SummaryWriter, "add_scalar", add_scalar)
     code, err = cli(capsys, "baseline", path, "--strategy", "random", "--no-progress", "--set", "name=tiny")
     assert code == 2
-    assert (
-        err == f"autotune: error: [Errno 28] No space left on device: '{config.run_dir / 'tb'}/events.out.tfevents'\n"
-    )
+    assert error_lines(err) == [
+        f"autotune: error: [Errno 28] No space left on device: '{config.run_dir / 'tb'}/events.out.tfevents'"
+    ]
     store_path = config.run_dir / "trials.sqlite"
     assert integrity(store_path) == [("ok",)]
     before = snapshot(store_path)

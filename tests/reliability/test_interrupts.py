@@ -17,6 +17,7 @@ import pytest
 from autotune.store import TrialStore
 from tests.reliability import faults
 from tests.reliability.helpers import (
+    ONE_LINERS_BEFORE_SEARCH,
     alive,
     assert_resumed_cleanly,
     autotune,
@@ -131,7 +132,7 @@ def test_a_run_killed_while_confirming_leaves_no_orphan_and_resume_confirms_with
     them all again without building a trial of the search. SIGTERM to the run alone (`kill PID`) stops it as
     Ctrl-C does, and the same guarantees hold."""
     budget = 6
-    folder = faults.write_plan(tmp_path / "faults", {str(budget + 2): "hang"})
+    folder = faults.write_plan(tmp_path / "faults", {str(ONE_LINERS_BEFORE_SEARCH + budget + 2): "hang"})
     config = fast_config(
         tmp_path,
         budget={"builds": budget},

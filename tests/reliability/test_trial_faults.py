@@ -17,7 +17,15 @@ from autotune.store import TrialStore
 from autotune.trial import FAILED, OK, TIMEOUT
 from autotune.tune import tune
 from tests.reliability import faults
-from tests.reliability.helpers import alive, cli, distinct_plans, fast_config, measure_counts, write_config
+from tests.reliability.helpers import (
+    ONE_LINERS_BEFORE_SEARCH,
+    alive,
+    cli,
+    distinct_plans,
+    fast_config,
+    measure_counts,
+    write_config,
+)
 
 
 def _faulty_config(root: Path, timeout_s: float, **overrides):
@@ -112,7 +120,8 @@ def test_trial_process_crash_while_preparing_is_a_clear_error_and_resumable(tmp_
 
 
 def test_the_search_goes_on_after_a_crash_and_a_hang(tmp_path, monkeypatch):
-    folder = faults.write_plan(tmp_path / "faults", {"2": "kill", "4": "hang"})
+    before = ONE_LINERS_BEFORE_SEARCH  # the second and fourth builds' calls come after the one-liners'
+    folder = faults.write_plan(tmp_path / "faults", {str(before + 2): "kill", str(before + 4): "hang"})
     monkeypatch.setenv(faults.ENV, str(folder))
     config = _faulty_config(tmp_path, timeout_s=3, budget={"builds": 8})
     summary = tune(config, strategy="random", progress=False)
