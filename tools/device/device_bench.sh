@@ -10,7 +10,7 @@
 # On a fresh machine (a later session), RESUME_FROM=FILE.tgz first unpacks the results.tgz an earlier call
 # returned (kept under .device/, which is carried), so every run continues where it stopped.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 seconds=$1
 shift
 bash tools/device/device_wheels.sh install >/dev/null

@@ -11,7 +11,7 @@
 # each run gets what the runs before it left, and no run starts after it. A run cut by the limit keeps its trials
 # (SIGINT, as Ctrl-C); `autotune resume` continues it.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bash tools/device/device_wheels.sh install >/dev/null
 export PYTHONPATH=$PWD/.device/site:$PWD AUTOTUNE_MINILM_DIR=$PWD/.device/minilm MPLBACKEND=Agg
 out=${OUT:-/tmp/out}

@@ -18,7 +18,7 @@
 # pydantic 2.14 requires >= 4.16, which the device may not have, and a newer copy first on PYTHONPATH is harmless.
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WHEELS=.whl
 SITE=.device/site
 PACKAGES=(
