@@ -4,8 +4,9 @@
 model output stays closest to FP32. On ONNX Runtime's CPU that took minutes for MiniLM on the GPU machine (its
 probes run two threads each), while the GPU sat idle. ``TorchLayerProbe`` runs the same evaluations where the
 backend builds: one FP32 copy of the factory's module on the device, and per candidate the layer's module
-swapped for the ``Int8Linear`` a build would put there (same static scale, per-channel weights), then the whole
-forward on every batch. The error is the backend's own: the int8 GEMM that plans run, not a Q/DQ simulation.
+swapped for the ``Int8Linear`` or ``Fp8Linear`` a build would put there (same static scale, per-channel weights;
+a SmoothQuant candidate's weight columns times ``s`` behind a ``SmoothedInput``), then the whole forward on every
+batch. The error is the backend's own: the GEMM that plans run, not a Q/DQ simulation.
 
 A module that runs several ONNX layers is quantized for all its calls, as a build must. The forward is the whole
 model's, except that the blocks of its longest ``nn.ModuleList`` (a transformer's layers) that ran before the
