@@ -155,6 +155,30 @@ def test_smoothed_quantized_linear_stays_within_its_error_bound_on_the_cpu(preci
     assert activation_scale(*smoothed_span, precision) < activation_scale(*plain_span, precision)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (an NVIDIA GPU and a CUDA torch)")
+def test_gpu_smoothed_fp8_linear_compiled_stays_within_its_error_bound():
+    info = probe_device("cuda")
+    if info.fp8_scaling is None or (info.capability or (0, 0)) < (8, 9):
+        pytest.skip("needs a GPU with FP8")
+    x = torch.from_numpy(_outlier_input(rows=40)).cuda()
+    linear = _linear_for(3e4)
+    expected = linear.cuda()(x).detach()
+    flat = x.reshape(-1, 32).cpu().numpy()
+    lo, hi = flat.min(axis=0), flat.max(axis=0)
+    factors = smoothing_factors(lo, hi, linear.weight.detach().cpu().numpy().T, 0.5)
+    smoothed = rewrite_module(
+        nn.Sequential(linear.cpu()),
+        {"0": ModuleChoice("fp8", smoothed_range(lo, hi, factors))},
+        fp8_scaling=info.fp8_scaling,
+        base="bf16",
+        smoothing=ModuleSmoothing({"0": factors}),
+    ).cuda()
+    with torch.no_grad():
+        got = torch.compile(smoothed)(x)
+    assert _relative_error(got.float(), expected) < 2 * 2.0**-4
+
+
 def outlier_factory() -> nn.Module:
     """``model.torch`` of the calibration test: a gain that makes input channel 3 an outlier, then two Linears."""
     return _gained(3e4)
