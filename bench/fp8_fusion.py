@@ -7,7 +7,7 @@ call profiled; the CUDA kernels it launched are listed in order. Inductor names 
 (``triton_..._fused_..._native_layer_norm_...``), so the quantization is fused where the kernel that computes the
 producer also holds the cast (``_to_copy``/``clamp``) and no other elementwise kernel runs before the GEMM.
 
-    python bench/fp8_fusion.py --out OUT [--tokens 16384]
+    python bench/fp8_fusion.py --out OUT [--tokens 16384] [--gemm torchao autotune]
 """
 
 from __future__ import annotations
@@ -82,11 +82,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--gemm", nargs="+", default=["torchao", "autotune"], help="quantized_gemm values to list")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for producer in ("layernorm", "gelu"):
-        for gemm in ("torchao", "autotune"):
+        for gemm in args.gemm:
             for smoothed in (False, True):
                 try:
                     names = kernels(producer, gemm, smoothed, args.tokens)
