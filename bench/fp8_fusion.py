@@ -7,7 +7,7 @@ call profiled; the CUDA kernels it launched are listed in order. Inductor names 
 (``triton_..._fused_..._native_layer_norm_...``), so the quantization is fused where the kernel that computes the
 producer also holds the cast (``_to_copy``/``clamp``) and no other elementwise kernel runs before the GEMM.
 
-    python bench/fp8_fusion.py --out OUT [--tokens 16384] [--gemm torchao autotune]
+    python bench/fp8_fusion.py --out OUT [--tokens 16384] [--gemm torchao autotune] [--device cpu]
 """
 
 from __future__ import annotations
@@ -43,12 +43,20 @@ def block(producer: str, hidden: int, ffn: int):
     return Block().eval()
 
 
-def kernels(producer: str, gemm: str, smoothed: bool, tokens: int, hidden: int = 1024, ffn: int = 4096) -> list[str]:
-    """The CUDA kernels, in launch order, of one compiled call of the block with its FP8 Linear."""
+def kernels(producer: str, gemm: str, smoothed: bool, tokens: int, device: str = "cuda") -> list[str]:
+    """The kernels of one compiled call of the block with its FP8 Linear.
+
+    On CUDA the kernels launched, in order (the profiler's names); on the CPU the fused C++ kernels inductor wrote
+    (``cpp_fused_<ops>``), which show the same fusion decisions at the graph level.
+    """
+    import re
+
     import torch
+    from torch._inductor.utils import run_and_get_code
 
     from autotune.backends.torch.modules import ModuleChoice, ModuleSmoothing, rewrite_module
 
+    hidden, ffn = 1024, 4096
     path = "up" if producer == "layernorm" else "down"
     width = hidden if path == "up" else ffn
     choices = {path: ModuleChoice("fp8", (-8.0, 8.0))}
@@ -59,13 +67,17 @@ def kernels(producer: str, gemm: str, smoothed: bool, tokens: int, hidden: int =
     module = rewrite_module(
         block(producer, hidden, ffn),
         choices,
-        fp8_scaling="rowwise",
+        fp8_scaling="rowwise" if device == "cuda" else "tensorwise",
         base="bf16",
         quantized_gemm=gemm,
         smoothing=smoothing,
-    ).cuda()
+    ).to(device)
     compiled = torch.compile(module)
-    x = torch.randn(tokens, hidden, device="cuda")
+    x = torch.randn(tokens, hidden, device=device)
+    if device == "cpu":
+        with torch.no_grad():
+            _, code = run_and_get_code(compiled, x)
+        return sorted(set(re.findall(r"cpp_fused_\w+", "\n".join(code))))
     with torch.no_grad():
         for _ in range(3):
             compiled(x)
@@ -82,6 +94,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokens", type=int, default=16384)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--gemm", nargs="+", default=["torchao", "autotune"], help="quantized_gemm values to list")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +103,7 @@ def main() -> int:
         for gemm in args.gemm:
             for smoothed in (False, True):
                 try:
-                    names = kernels(producer, gemm, smoothed, args.tokens)
+                    names = kernels(producer, gemm, smoothed, args.tokens, args.device)
                 except Exception as error:  # noqa: BLE001 - a variant that fails is a row, not the end
                     names = [f"error: {type(error).__name__}: {str(error)[:300]}"]
                 rows.append({"producer": producer, "gemm": gemm, "smoothed": smoothed, "kernels": names})
