@@ -90,15 +90,23 @@ class LayerProbe(Protocol):
         candidates: Sequence[Mapping[str, tuple[float, float]]],
         batches: Sequence[Mapping[str, np.ndarray]],
         output_index: int,
+        smoothing: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[list[float], float]:
         """Per candidate, the scored output's noise-to-signal summed over the samples; and how many samples.
 
-        Each candidate is the ranges ``layer`` is quantized with; a sample's noise-to-signal is its squared error
-        over its FP32 output's power (``probe.sample_powers``), on the probe's device, over the samples of ``batches``.
+        Each candidate is the ranges ``layer`` is quantized with, and in ``smoothing`` its SmoothQuant factors or
+        None (all None when ``smoothing`` is None); a sample's noise-to-signal is its squared error over its FP32
+        output's power (``probe.sample_powers``), on the probe's device, over the samples of ``batches``.
 
         Raises:
             ValueError: The layer cannot be quantized alone here (no module, a missing range).
         """
+        ...
+
+    def channel_ranges(
+        self, layers: Sequence[Layer], batches: Sequence[Mapping[str, np.ndarray]]
+    ) -> dict[str, tuple[list[float], list[float]]]:
+        """Per input tensor of ``layers``, its per-channel ``(min, max)`` over ``batches`` (for smoothing)."""
         ...
 
 
@@ -275,11 +283,14 @@ def _probed_errors(
     output_index: int,
 ) -> list[float]:
     """Each candidate's model-output noise-to-signal (the samples' mean), measured by ``layer_probe`` on all batches."""
-    if any(factors is not None for _, factors in candidates):
-        raise ValueError(f"{layer_probe.name} probes range methods only, not SmoothQuant")
     if not cut.reaches_output:  # as in _layer_errors: the layer cannot move the scored output
         return [_noise_to_signal(0.0, 1.0)] * len(candidates)
-    noise, samples = layer_probe.noise(layer, [ranges for ranges, _ in candidates], batches, output_index)
+    ranges = [candidate_ranges for candidate_ranges, _ in candidates]
+    factors = [candidate_factors for _, candidate_factors in candidates]
+    if all(candidate_factors is None for candidate_factors in factors):
+        noise, samples = layer_probe.noise(layer, ranges, batches, output_index)
+    else:
+        noise, samples = layer_probe.noise(layer, ranges, batches, output_index, smoothing=factors)
     return [_noise_to_signal(value, samples) for value in noise]
 
 
@@ -341,8 +352,8 @@ class LayerwiseOptions:
         exhaustive: Measure every candidate on every batch, so every recorded error is exact (the choices are
             the same either way; slower).
         layer_probe: Runs the single-layer candidates on the backend's device (:class:`LayerProbe`), every
-            candidate on every batch; None runs them on ONNX Runtime's CPU. Range methods only: SmoothQuant
-            candidates need the ONNX probes.
+            candidate on every batch, SmoothQuant ones too (it reads the per-channel ranges there); None runs them
+            on ONNX Runtime's CPU.
         allowance_s: Seconds choosing may take; the layers not reached by then take the method chosen most
             often (:attr:`LayerwiseChoices.defaulted`), and a later call with the same cache measures them. None:
             no limit. Not part of the cache key.
@@ -499,8 +510,6 @@ def _measure_layers(
 
     The per-channel ranges are those smoothing needs.
 
-    Raises:
-        ValueError: A ``layer_probe`` was asked to measure SmoothQuant candidates.
     """
     smoothable_layers = _smoothable_layers(model, layers)
     smooth = any(method in SMOOTHING for method in settings.methods)
@@ -510,9 +519,6 @@ def _measure_layers(
     output = model.graph.output[settings.output_index].name
     cuts = {layer.name: find_cut(model, layer, recipe, output) for layer in layers}
     fetched = list(dict.fromkeys(name for cut in cuts.values() for name in cut.fetched))
-    probe_name = None if settings.layer_probe is None else settings.layer_probe.name
-    if probe_name is not None and channel_tensors:
-        raise ValueError(f"{probe_name} probes range methods only, not SmoothQuant ({sorted(SMOOTHING)})")
     errors: dict[str, dict[str, float]] = {}
     if not layers:
         return errors, {}
@@ -522,8 +528,10 @@ def _measure_layers(
             fp32 = probe.Fp32Run(
                 output, *probe.fp32_pass(model, fetched, channel_tensors, batches, settings.output_index)
             )
-        else:  # the probe runs its own FP32 model on its device
-            fp32 = probe.Fp32Run(output, [], [], {})
+        else:  # the probe runs its own FP32 model on its device, and reads the channels smoothing needs there
+            smoothed = [layer for layer in layers if smooth and layer.name in smoothable_layers]
+            channels = settings.layer_probe.channel_ranges(smoothed, batches) if smoothed else {}
+            fp32 = probe.Fp32Run(output, [], [], channels)
         bar.update()
         by_method = {method: calibration.ranges(method) for method in settings.methods if method not in SMOOTHING}
         for layer in layers:

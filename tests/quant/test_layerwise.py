@@ -542,10 +542,14 @@ def test_the_torch_backend_probes_on_cuda_with_the_cpu_choices(tmp_path):
         pytest.skip("needs CUDA (an NVIDIA GPU and a CUDA torch)")
     runner, layers, batches = _torch_setup(tmp_path, backend={"name": "torch", "options": {"device": "cuda"}})
     layer_probe = runner.backend.layer_probe()
-    assert layer_probe is not None and layer_probe.name == "torch:cuda"
-    assert next(layer_probe.module.parameters()).device.type == "cuda"
+    assert layer_probe is not None and next(layer_probe.module.parameters()).device.type == "cuda"
+    # Where a Linear may take fp8 the backend's probe measures FP8 (a cache key of its own), else INT8.
+    fp8 = any("fp8" in choices for choices in runner.backend.capabilities().precisions.values())
+    assert (layer_probe.precision, layer_probe.name) == (("fp8", "torch:cuda:fp8") if fp8 else ("int8", "torch:cuda"))
+    # Its INT8 probe measures what the ONNX probes measure.
+    int8_probe = _torch_probe(runner, "cuda")
     args = (runner.model.proto, layers, runner.backend.recipe, runner.calibration, batches)
-    on_gpu = choose_layer_methods(*args, progress=False, layer_probe=layer_probe)
+    on_gpu = choose_layer_methods(*args, progress=False, layer_probe=int8_probe)
     on_cpu = choose_layer_methods(*args, progress=False, exhaustive=True)
     assert on_gpu.methods == on_cpu.methods
     for name, errors in on_gpu.errors.items():

@@ -35,8 +35,9 @@ from autotune.backends.torch.device import (
 )
 from autotune.backends.torch.export import write_export
 from autotune.backends.torch.layer_probe import TorchLayerProbe
-from autotune.backends.torch.modules import module_choices, rewrite_module
+from autotune.backends.torch.modules import ModuleSmoothing, module_choices, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_once, time_back_to_back, time_launch
+from autotune.backends.torch.smoothing import FoldFinder, sample_inputs
 from autotune.backends.torch.torchao_linear import TORCHAO, TORCHAO_MODULE, torchao
 from autotune.capabilities import Capabilities
 from autotune.config import TorchOptions
@@ -143,6 +144,7 @@ class TorchBackend(Backend):
         self._bindings: dict[str, str] = {}
         self._calls: dict[str, int] = {}
         self._output_shapes: list[tuple[int, ...]] = []
+        self._finder: FoldFinder | None = None
         self.model: LoadedModel | None = None
 
     # -- setup
@@ -167,7 +169,7 @@ class TorchBackend(Backend):
         return self._info
 
     def capabilities(self) -> Capabilities:
-        """Precisions and knobs of this device, torch and module (``torch_capabilities``); no SmoothQuant.
+        """Precisions and knobs of this device, torch and module (``torch_capabilities``); SmoothQuant included.
 
         The ``attention`` knob depends on the module (``attention_implementations``), and whether
         ``cudnn_benchmark`` is free on whether it has convolutions, so the first call makes the factory's module;
@@ -259,30 +261,48 @@ class TorchBackend(Backend):
         Args:
             plan: Precision per layer and the knobs.
             quantization: The calibrated ranges (``ranges``, and ``layer_ranges`` for ``layerwise``); the static
-                activation scales of int8 and fp8 modules come from them.
+                activation scales of int8 and fp8 modules come from them. Its SmoothQuant factors (``layerwise``)
+                smooth the int8 and fp8 Linears they name (``smoothing.py``).
             workdir: Unused: the module lives in memory.
 
         Raises:
-            BuildError: The plan or the knobs do not fit, SmoothQuant factors came with it, or any step failed
-                (the message says which).
+            BuildError: The plan or the knobs do not fit, or any step failed (the message says which).
         """
         if self._fp32 is None or self.model is None:
             raise BuildError("the torch backend builds only after prepare(model, searched)")
-        if quantization.smoothing:
-            # Smoothed ranges belong to x / s, and the rewritten module sees x: its scales would be wrong.
-            raise BuildError(
-                f"the torch backend takes no SmoothQuant factors (capabilities().smoothing is False), "
-                f"got them for {sorted(quantization.smoothing)}"
-            )
         knobs = self.knob_values(plan.knob_map)
         base = str(knobs[BASE_PRECISION_KNOB])
         choices = module_choices(
             plan, self.model.layers, self._bindings, quantization.ranges, quantization.layer_ranges, base
         )
         per_channel = plan.knob(GRANULARITY_KNOB, "per_channel") == "per_channel"
-        artifact = self._make(choices, knobs, per_channel)
+        smoothing = self._smoothing(choices, quantization.smoothing)
+        artifact = self._make(choices, knobs, per_channel, smoothing=smoothing)
         artifact.choices = {path: choice.precision for path, choice in choices.items()}
         return artifact
+
+    def _smoothing(self, choices: Mapping[str, Any], factors: Mapping[str, np.ndarray]) -> ModuleSmoothing | None:
+        """The SmoothQuant factors of the int8/fp8 modules by module path, with the fold finder; None if none.
+
+        Factors of layers that run in a float precision are left out: they would only add a multiply.
+
+        Raises:
+            BuildError: Two layers of one module came with different factors.
+        """
+        by_path: dict[str, np.ndarray] = {}
+        for layer, layer_factors in factors.items():
+            path = self._bindings.get(layer)
+            choice = choices.get(path) if path is not None else None
+            if choice is None or choice.precision not in ("int8", "fp8"):
+                continue
+            if path in by_path and not np.array_equal(by_path[path], layer_factors):
+                raise BuildError(f"module {path!r} runs several layers with different SmoothQuant factors")
+            by_path[path] = np.asarray(layer_factors, dtype=np.float32)
+        if not by_path:
+            return None
+        if self._finder is None:
+            self._finder = FoldFinder(self.fp32_module(), sample_inputs(self.model.inputs))
+        return ModuleSmoothing(by_path, self._finder)
 
     def _make(
         self,
@@ -290,10 +310,12 @@ class TorchBackend(Backend):
         knobs: dict[str, KnobValue],
         per_channel: bool = True,
         quantize: Callable[[Any], None] | None = None,
+        smoothing: ModuleSmoothing | None = None,
     ) -> TorchArtifact:
         """Rewrites a copy of the FP32 module (``rewrite_module``) and makes it an artifact (``make_artifact``).
 
-        ``quantize`` changes the rewritten copy in place before it is compiled (a one-liner's torchao call).
+        ``quantize`` changes the rewritten copy in place before it is compiled (a one-liner's torchao call);
+        ``smoothing`` smooths its int8/fp8 Linears (``ModuleSmoothing``).
 
         Raises:
             BuildError: Any step failed; the message says which.
@@ -310,6 +332,7 @@ class TorchBackend(Backend):
                 base=str(knobs[BASE_PRECISION_KNOB]),
                 attention=None if attention is None else str(attention),
                 quantized_gemm=self.options.quantized_gemm,
+                smoothing=smoothing,
             )
             if quantize is not None:
                 quantize(module)
@@ -346,12 +369,22 @@ class TorchBackend(Backend):
     def layer_probe(self) -> TorchLayerProbe | None:
         """On CUDA, the layerwise calibration's single-layer evaluations on the GPU (``layer_probe.py``).
 
-        On the CPU, None: they run on ONNX Runtime as for every backend, with the same results as before.
+        On the CPU, None: they run on ONNX Runtime as for every backend, with the same results as before. Where a
+        Linear may take fp8, the candidates are measured in FP8 (``Fp8Linear``), the quantized GEMM that pays on
+        such a GPU, else in INT8; the SmoothQuant candidates are smoothed as builds smooth them.
         """
         if not self.info.is_cuda or self.model is None:
             return None
         names = [spec.name for spec in self.model.inputs]
-        return TorchLayerProbe(self.fp32_module(), self._bindings, names, self.device)
+        fp8 = any("fp8" in choices for choices in self.capabilities().precisions.values())
+        return TorchLayerProbe(
+            self.fp32_module(),
+            self._bindings,
+            names,
+            self.device,
+            precision="fp8" if fp8 and self.info.fp8_scaling else "int8",
+            fp8_scaling=self.info.fp8_scaling or "rowwise",
+        )
 
     # -- the one-liner references
 

@@ -156,7 +156,7 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convol
     ``gemm_backends`` is not, although numerically neutral: it acts in max-autotune mode only, which a seed does not
     run, so a seed's timing of it would be noise. Neither is ``cudnn_benchmark`` where the module has no
     convolution (``convolutions`` False): there it changes nothing, and a build to time it would be spent on noise.
-    No SmoothQuant: the backend rewrites modules, and a smoothed layer's ranges would not fit its unsmoothed module.
+    SmoothQuant: smoothed int8/fp8 Linears are lowered as a module rewrite (``smoothing.py``).
     """
     floats = _float_precisions(info)
     linear = list(floats)
@@ -168,9 +168,9 @@ def torch_capabilities(info: DeviceInfo, attention: tuple[str, ...] = (), convol
     if not info.is_cuda:
         # Inductor on the CPU needs a C++ toolchain and says nothing about the GPU: the CPU runs eager, for tests.
         knob = Knob(MODE_KNOB, ("eager",), "execution mode: eager only on the CPU")
-        return Capabilities(precisions, (knob, *base_knobs(floats, attention)), smoothing=False)
+        return Capabilities(precisions, (knob, *base_knobs(floats, attention)))
     knobs = [*_cuda_knobs(info, convolutions), *base_knobs(floats, attention)]
-    return Capabilities(precisions, tuple(knobs), smoothing=False)
+    return Capabilities(precisions, tuple(knobs))
 
 
 def _float_precisions(info: DeviceInfo) -> tuple[str, ...]:

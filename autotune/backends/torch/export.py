@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from autotune.backends.torch.device import ATTENTION_KNOB, BASE_PRECISION_KNOB, DeviceInfo
-from autotune.backends.torch.modules import ModuleChoice, rewrite_module
+from autotune.backends.torch.modules import ModuleChoice, ModuleSmoothing, rewrite_module
 from autotune.backends.torch.runtime import TorchArtifact, apply_flags, make_artifact
+from autotune.backends.torch.smoothing import smoothed_paths
 from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS
 from autotune.files import atomic_write
 from autotune.plan import Plan
@@ -88,6 +91,7 @@ def write_export(
         "reference": artifact.reference,
         "fp8_scaling": info.fp8_scaling,
         "quantized_gemm": quantized_gemm,
+        "smoothed": smoothed_paths(artifact.module),
         "knobs": artifact.knobs,
         "plan_hash": plan.hash,
         "torch_version": info.torch_version,
@@ -148,6 +152,7 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
     }
     attention = manifest.get("attention")
     quantized_gemm = manifest.get("quantized_gemm", WRAPPERS)
+    smoothed = manifest.get("smoothed", {})  # exports older than smoothing have none
     module = rewrite_module(
         module,
         choices,
@@ -156,6 +161,8 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
         base=manifest.get("base_precision", "fp32"),  # exports older than the knob ran in FP32
         attention=None if attention is None else str(attention),
         quantized_gemm=quantized_gemm,
+        # Placeholder factors: the saved state holds the inverses and the smoothed and folded weights.
+        smoothing=ModuleSmoothing({path: np.ones(width, np.float32) for path, width in smoothed.items()}),
     )
     if quantized_gemm == TORCHAO:
         # torchao's quantized weights are tensor subclasses (torchao registers them as safe globals, so

@@ -4,8 +4,9 @@
 model output stays closest to FP32. On ONNX Runtime's CPU that took minutes for MiniLM on the GPU machine (its
 probes run two threads each), while the GPU sat idle. ``TorchLayerProbe`` runs the same evaluations where the
 backend builds: one FP32 copy of the factory's module on the device, and per candidate the layer's module
-swapped for the ``Int8Linear`` a build would put there (same static scale, per-channel weights), then the whole
-forward on every batch. The error is the backend's own: the int8 GEMM that plans run, not a Q/DQ simulation.
+swapped for the ``Int8Linear`` or ``Fp8Linear`` a build would put there (same static scale, per-channel weights;
+a SmoothQuant candidate's weight columns times ``s`` behind a ``SmoothedInput``), then the whole forward on every
+batch. The error is the backend's own: the GEMM that plans run, not a Q/DQ simulation.
 
 A module that runs several ONNX layers is quantized for all its calls, as a build must. The forward is the whole
 model's, except that the blocks of its longest ``nn.ModuleList`` (a transformer's layers) that ran before the
@@ -155,7 +156,7 @@ def _swap(root: Any, path: str, new: Any) -> Any:
 
 
 class TorchLayerProbe:
-    """``autotune.quant.layerwise.LayerProbe`` on a torch device: each candidate as an ``Int8Linear`` in place.
+    """``autotune.quant.layerwise.LayerProbe`` on a torch device: each candidate as an int8/fp8 wrapper in place.
 
     Args:
         module: The FP32 module (the factory's); a copy goes to ``device``, the original is left alone.
@@ -163,6 +164,9 @@ class TorchLayerProbe:
         input_names: The model's input names, in the order the module takes them.
         device: ``cuda``, ``cuda:N`` or ``cpu``.
         per_channel: Weight scales per output channel (the plans' default granularity), else per tensor.
+        precision: What the candidates are measured in: ``int8`` (``Int8Linear``) or ``fp8`` (``Fp8Linear``
+            with ``fp8_scaling``), the quantized Linears that pay on the device.
+        fp8_scaling: ``rowwise`` or ``tensorwise`` (``DeviceInfo.fp8_scaling``), for ``fp8``.
     """
 
     def __init__(
@@ -172,11 +176,16 @@ class TorchLayerProbe:
         input_names: Sequence[str],
         device: str,
         per_channel: bool = True,
+        precision: str = "int8",
+        fp8_scaling: str = "rowwise",
     ):
         import copy
 
+        if precision not in ("int8", "fp8"):
+            raise ValueError(f"the layer probe measures int8 or fp8, not {precision!r}")
         self.device = device
-        self.name = f"torch:{device}"
+        self.precision, self.fp8_scaling = precision, fp8_scaling
+        self.name = f"torch:{device}" if precision == "int8" else f"torch:{device}:{precision}"
         self.bindings = dict(bindings)
         self.input_names = list(input_names)
         self.per_channel = per_channel
@@ -223,17 +232,84 @@ class TorchLayerProbe:
                 self._references[key] = self.replay.record(forward)
         return self._references[key]
 
+    def channel_ranges(
+        self, layers: Sequence[Layer], batches: Sequence[Mapping[str, np.ndarray]]
+    ) -> dict[str, tuple[list[float], list[float]]]:
+        """Per input tensor of ``layers``, its per-channel ``(min, max)`` over the batches (what smoothing needs).
+
+        Read on the device from the input of each layer's module (the last axis is the channel); a module called
+        several times per forward gives the union of its calls.
+
+        Raises:
+            ValueError: A layer has no module.
+        """
+        import torch
+
+        paths: dict[str, list[str]] = {}
+        for layer in layers:
+            path = self.bindings.get(layer.name)
+            if not path:
+                raise ValueError(f"layer {layer.name} has no module of its own on {self.device}")
+            paths.setdefault(path, []).append(layer.activation_inputs[0])
+        found: dict[str, list[Any]] = {}
+
+        def hook(path: str) -> Callable[..., None]:
+            def record(_: Any, args: tuple[Any, ...]) -> None:
+                flat = args[0].detach().float().reshape(-1, args[0].shape[-1])
+                lo, hi = flat.amin(dim=0), flat.amax(dim=0)
+                if path in found:
+                    lo, hi = torch.minimum(found[path][0], lo), torch.maximum(found[path][1], hi)
+                found[path] = [lo, hi]
+
+            return record
+
+        handles = [self.module.get_submodule(path).register_forward_pre_hook(hook(path)) for path in paths]
+        try:
+            with torch.no_grad():
+                for feeds in self._inputs(batches):
+                    self.module(*feeds)
+        finally:
+            for handle in handles:
+                handle.remove()
+        ranges = {}
+        for path, tensors in paths.items():
+            lo, hi = (values.cpu().double().tolist() for values in found[path])
+            ranges.update({tensor: (lo, hi) for tensor in tensors})
+        return ranges
+
+    def _quantized(self, original: Any, lo: float, hi: float, factors: np.ndarray | None) -> Any:
+        """The module a build puts in ``original``'s place: smoothed first where ``factors`` are given."""
+        import copy
+
+        from autotune.backends.torch.smoothing import scale_columns, smoothed_input
+
+        linear = original
+        if factors is not None:
+            linear = copy.deepcopy(original)
+            scale_columns(linear, np.asarray(factors, dtype=np.float32))
+        scale = activation_scale(float(lo), float(hi), self.precision)
+        modules = wrappers()
+        if self.precision == "int8":
+            quantized = modules.Int8Linear.from_linear(linear, scale, self.per_channel)
+        else:
+            quantized = modules.Fp8Linear.from_linear(linear, scale, self.per_channel, self.fp8_scaling)
+        if factors is not None:
+            quantized = smoothed_input(quantized, np.asarray(factors, dtype=np.float32))
+        return quantized.to(self.device)
+
     def noise(
         self,
         layer: Layer,
         candidates: Sequence[Mapping[str, tuple[float, float]]],
         batches: Sequence[Mapping[str, np.ndarray]],
         output_index: int,
+        smoothing: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[list[float], float]:
         """Per candidate, the scored output's noise-to-signal summed over the samples; and how many samples.
 
         A sample's noise-to-signal is its squared error over its FP32 output's power
-        (``autotune.quant.probe.sample_powers``).
+        (``autotune.quant.probe.sample_powers``). ``smoothing`` holds each candidate's SmoothQuant factors or None:
+        a smoothed candidate's range is that of ``x / s``, and its module is smoothed as a build smooths it.
 
         Raises:
             ValueError: The layer has no module, its module is not an ``nn.Linear``, or a candidate lacks the
@@ -247,11 +323,11 @@ class TorchLayerProbe:
             raise ValueError(f"layer {layer.name} has no module of its own to quantize on {self.device}")
         original = self.module.get_submodule(path)
         if not isinstance(original, nn.Linear):
-            raise ValueError(f"{layer.name}: int8 is for nn.Linear only, not {type(original).__name__}")
+            raise ValueError(f"{layer.name}: {self.precision} is for nn.Linear only, not {type(original).__name__}")
         tensor = layer.activation_inputs[0]
         references = self.reference(batches, output_index)
         inputs = self._inputs(batches)
-        int8_linear = wrappers().Int8Linear
+        factors_of = list(smoothing) if smoothing is not None else [None] * len(candidates)
         noise = []
         replay = self.replay
         with torch.no_grad(), replay.replaying(replay.skipped(path)):
@@ -260,12 +336,10 @@ class TorchLayerProbe:
                 torch.as_tensor(sample_powers(out.double().cpu().numpy()), device=out.device) for out in references
             ]
             samples = float(sum(len(power) for power in powers))
-            for ranges in candidates:
+            for ranges, factors in zip(candidates, factors_of, strict=True):
                 if tensor not in ranges:
                     raise ValueError(f"no calibrated range for {tensor!r}, the input of {layer.name}")
-                lo, hi = ranges[tensor]
-                scale = activation_scale(float(lo), float(hi), "int8")
-                quantized = int8_linear.from_linear(original, scale, self.per_channel).to(self.device)
+                quantized = self._quantized(original, *ranges[tensor], factors)
                 _swap(self.module, path, quantized)
                 total = 0.0
                 try:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import BuildError
 from autotune.backends.torch.attention import set_attention
+from autotune.backends.torch.smoothing import FoldFinder, smooth_module, smoothed_input
 from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS, quantize_modules, static_config, wrap_for_torchao
 from autotune.backends.torch.wrappers import wrappers
 from autotune.extras import MissingExtra
@@ -37,6 +38,19 @@ class ModuleChoice:
 
     precision: str
     activation_range: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class ModuleSmoothing:
+    """SmoothQuant factors by module path, and what finds where their ``1 / s`` folds (``smoothing.py``).
+
+    Attributes:
+        factors: Module path of an ``nn.Linear`` -> its factors, one per input feature.
+        finder: The fold finder of the module's architecture; None: every smoothed input gets ``SmoothedInput``.
+    """
+
+    factors: Mapping[str, Any] = field(default_factory=dict)
+    finder: FoldFinder | None = None
 
 
 def activation_scale(lo: float, hi: float, precision: str) -> float:
@@ -96,6 +110,33 @@ def module_choices(
             span = (min(float(lo) for lo, _ in found), max(float(hi) for _, hi in found))
         choices[path] = ModuleChoice(precision, span)
     return choices
+
+
+def _smooth(module: Any, smoothing: ModuleSmoothing) -> dict[str, Any]:
+    """Smooths ``module``'s Linears in place (``smooth_module``); returns the factors of the unfolded paths."""
+    try:
+        _, unfolded = smooth_module(module, smoothing.factors, smoothing.finder)
+    except (ValueError, AttributeError) as error:
+        raise BuildError(f"smoothing: {error}") from error
+    return unfolded
+
+
+def _wrap_path(root: Any, path: str, choice: ModuleChoice, how: tuple[bool, str | None, str, str]) -> tuple[Any, Any]:
+    """``_wrap`` of the module at ``path`` with ``how`` = (per_channel, fp8_scaling, quantized_gemm, base).
+
+    Raises:
+        BuildError: No module there, or its wrapper failed to build (the message names the path).
+    """
+    try:
+        target = root.get_submodule(path) if path else root
+    except AttributeError as error:
+        raise BuildError(f"no module {path!r} to rewrite: {error}") from error
+    try:
+        return _wrap(target, choice, *how)
+    except (BuildError, MissingExtra):
+        raise
+    except Exception as error:  # noqa: BLE001 - a wrapper that fails to build is a failed build
+        raise BuildError(f"{path}: {type(error).__name__}: {error}") from error
 
 
 def _replace(root: Any, path: str, new: Any) -> Any:
@@ -165,6 +206,7 @@ def rewrite_module(
     base: str = "fp32",
     attention: str | None = None,
     quantized_gemm: str = WRAPPERS,
+    smoothing: ModuleSmoothing | None = None,
 ) -> Any:
     """A deep copy of ``module`` with each chosen module replaced by its wrapper; ``module`` is left as it was.
 
@@ -178,6 +220,10 @@ def rewrite_module(
         attention: An attention implementation to switch the copy to (``attention.set_attention``), or None.
         quantized_gemm: What int8 and fp8 modules run: ``autotune`` (``Int8Linear``, ``Fp8Linear``) or
             ``torchao`` (its static configs, ``torchao_linear.py``; needs the ``torchao`` extra).
+        smoothing: SmoothQuant factors of int8/fp8 Linears (``smoothing.smooth_module``): their weight columns are
+            multiplied by ``s`` before they are quantized, and ``1 / s`` is folded into the producer of their input
+            where that is exact, else applied by a ``SmoothedInput`` around the wrapper. The choices' activation
+            ranges must then be those of ``x / s``.
 
     Raises:
         BuildError: A module cannot take its precision, or the attention cannot be switched.
@@ -187,20 +233,12 @@ def rewrite_module(
     rewritten = copy.deepcopy(module)
     if attention is not None:
         set_attention(rewritten, attention)
+    unfolded = _smooth(rewritten, smoothing) if smoothing is not None and smoothing.factors else {}
     # Wrappers are made from the FP32 modules first: converting the copy afterwards must not round an override's
     # FP32 weights, nor the float32 scales and biases of the INT8/FP8 wrappers, to the base dtype.
     wrapped, torchao_configs = {}, {}
     for path, choice in choices.items():
-        try:
-            target = rewritten.get_submodule(path) if path else rewritten
-        except AttributeError as error:
-            raise BuildError(f"no module {path!r} to rewrite: {error}") from error
-        try:
-            wrapped[path], config = _wrap(target, choice, per_channel, fp8_scaling, quantized_gemm, base)
-        except (BuildError, MissingExtra):
-            raise
-        except Exception as error:  # noqa: BLE001 - a wrapper that fails to build is a failed build
-            raise BuildError(f"{path}: {type(error).__name__}: {error}") from error
+        wrapped[path], config = _wrap_path(rewritten, path, choice, (per_channel, fp8_scaling, quantized_gemm, base))
         if config is not None:
             torchao_configs[path] = config
     if base != "fp32":
@@ -211,6 +249,8 @@ def rewrite_module(
         quantize_modules(rewritten, torchao_configs)
     except Exception as error:  # noqa: BLE001 - torchao's own errors come in many types
         raise BuildError(f"torchao quantize_: {type(error).__name__}: {error}") from error
+    for path, factors in unfolded.items():  # around the wrapper, after torchao found its Linear at the path
+        rewritten = _replace(rewritten, path, smoothed_input(rewritten.get_submodule(path), factors))
     if base != "fp32":
         rewritten = wrappers().PrecisionBoundary(rewritten, dtype)
     return rewritten

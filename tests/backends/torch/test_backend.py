@@ -91,16 +91,27 @@ def test_per_tensor_bf16_and_mixed_plans_build(runner):
     assert out.dtype == np.float32 and out.shape == (32, 16)
 
 
-def test_builds_need_prepare_and_take_no_smoothquant(runner, tmp_path):
+def test_builds_need_prepare_and_smooth_their_quantized_linears(runner, tmp_path):
     plan = runner.space.uniform("int8")
     fresh = TorchBackend(FACTORY, runner.config.backend.options)
     with pytest.raises(BuildError, match=r"only after prepare\(model, searched\)"):
         fresh.build(plan, Quantization(), tmp_path)
     ranges = runner.calibration.ranges("max")
-    assert runner.backend.build(plan, Quantization(ranges=ranges), tmp_path).choices == {"fc1": "int8", "fc2": "int8"}
-    factors = {runner.space.layer_names[0]: np.ones(32, dtype=np.float32)}
-    with pytest.raises(BuildError, match="takes no SmoothQuant factors"):
-        runner.backend.build(plan, Quantization(ranges=ranges, smoothing=factors), tmp_path)
+    plain = runner.backend.build(plan, Quantization(ranges=ranges), tmp_path)
+    assert plain.choices == {"fc1": "int8", "fc2": "int8"}
+    # Factors of 2 with the range of x / 2: the same int8 values and scales times powers of two, so the same
+    # outputs to the last bit, from a module that does smooth fc1 (the model input: no producer to fold into).
+    first = runner.space.layer_names[0]
+    tensor = runner.model.layer(first).activation_inputs[0]
+    halved = {first: {**ranges, tensor: (ranges[tensor][0] / 2, ranges[tensor][1] / 2)}}
+    factors = {first: np.full(32, 2.0, dtype=np.float32)}
+    smoothed = runner.backend.build(plan, Quantization(ranges, halved, factors), tmp_path)
+    assert "SmoothedInput" in repr(smoothed.module)
+    feeds = runner.datasets["evaluation"].batches[0]
+    np.testing.assert_array_equal(runner.backend.run(smoothed, feeds)[0], runner.backend.run(plain, feeds)[0])
+    # A layer in a float precision is not smoothed: a multiply there would only cost time.
+    floats = runner.backend.build(runner.space.uniform("bf16"), Quantization(ranges, halved, factors), tmp_path)
+    assert "SmoothedInput" not in repr(floats.module)
 
 
 # ---- the GPU (skipped without CUDA) -------------------------------------------------------------------------

@@ -71,10 +71,10 @@ def test_cpu_has_no_cuda_knobs_and_offers_what_its_probe_found():
     assert "int8" in CPU_OPS  # torch._int_mm runs on the CPU
 
 
-def test_the_torch_backend_offers_no_smoothquant():
-    # It rewrites modules: a smoothed layer's range (of x / s) would not fit its unsmoothed module.
+def test_the_torch_backend_offers_smoothquant():
+    # It smooths the int8/fp8 Linears it rewrites (smoothing.py), on every device.
     for info in (_cuda((9, 0)), _cuda((7, 5)), DeviceInfo("cpu", "2.13.0+cpu", ops=CPU_OPS)):
-        assert torch_capabilities(info).smoothing is False
+        assert torch_capabilities(info).smoothing is True
 
 
 def test_cuda_probe_runs_in_a_child_process():
