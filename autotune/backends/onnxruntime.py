@@ -327,6 +327,9 @@ class OnnxRuntimeCPU(GraphBackend):
                 INT8_SCHEME_KNOB: scheme_name(recipe),
                 "int8_weight_range": [-recipe.weight_max, recipe.weight_max],
             }
+        if plan is not None and plan.layers_in(DYNAMIC):
+            weight_max = self.recipe_for(plan).dynamic_weight_max
+            scheme["int8_dynamic_weight_range"] = [-weight_max, weight_max]
         session = {
             "providers": ["CPUExecutionProvider"],
             "graph_optimization_level": str(knobs.get("graph_optimization_level", "all")),

@@ -343,13 +343,14 @@ def test_the_export_records_the_plans_scheme(monkeypatch, tmp_path):
 
 
 def test_a_plan_file_with_a_knob_the_run_does_not_search_is_refused(monkeypatch, tmp_path):
-    force_verdicts(monkeypatch, set())
-    space = tiny_space()
+    force_verdicts(monkeypatch, {"u8s8", "u8u8"})  # one exact scheme: the knob is searched only where named
+    space = tiny_space(forms=True)
     path = tmp_path / "plan.json"
     path.write_text(space.uniform("int8").with_knobs(int8_scheme="u8s7").to_json())
     with pytest.raises(SetupError, match=r"lacks; name them in the config's search.knobs .*int8_scheme: \['u8s7'\]"):
         resolve_plan(str(path), space)
-    assert resolve_plan(str(path), tiny_space(knobs=ALL_SCHEMES)).knob(INT8_SCHEME_KNOB) == "u8s7"
+    named = tiny_space(forms=True, knobs={"int8_scheme": ["u8s7"]})
+    assert resolve_plan(str(path), named).knob(INT8_SCHEME_KNOB) == "u8s7"
 
 
 def test_layerwise_choices_are_made_with_the_scheme_each_plan_runs(monkeypatch, tmp_path):
@@ -462,3 +463,7 @@ def test_a_dynamic_plan_builds_with_the_probed_weight_range(tmp_path):
     assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == backend.recipe.dynamic_weight_max
     fused = {node.op_type for node in backend.optimized_model(artifact.graph, {}).graph.node}
     assert "DynamicQuantizeMatMul" in fused and "MatMul" not in fused
+    backend.export(artifact, plan, tmp_path / "export")
+    session = json.loads((tmp_path / "export" / "session.json").read_text())
+    weight_max = backend.recipe.dynamic_weight_max
+    assert session["int8_dynamic_weight_range"] == [-weight_max, weight_max]
