@@ -10,7 +10,8 @@ with the range method the layerwise calibration chose for it, by the same probes
 all its forms side by side, :func:`autotune.quant.probe.candidate_outputs`), and the priors read them: a layer
 whose 7-bit error is too high keeps another form in the plans the model proposes.
 
-The errors are cached on disk by model, data, layers, choices and forms.
+The errors are cached on disk by model, data, layers, choices and forms; a run whose allowance ends first keeps
+what it measured, and the next run measures the rest.
 """
 
 from __future__ import annotations
@@ -91,19 +92,28 @@ def form_errors(
         return {}
     model_hash = model.hash
     path = None
+    known: dict[str, dict[str, float]] = {}
     if cache_dir is not None:
         key = [model_hash, data_hash(batches), [layer.name for layer in layers], choices.methods]
         key += [[form.key() for form in forms], output_index, _CACHE_FORMAT]
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = Path(cache_dir) / f"forms-{model_hash[:16]}-{digest}.json"
-        if path.is_file():
-            return json.loads(path.read_text())
+        if path.is_file():  # a run cut short by its allowance kept what it measured: measure the rest
+            known = json.loads(path.read_text())
+    todo = [x for x in layers if any(f.applies(x) and x.name not in known.get(f.name, {}) for f in forms)]
+    if not todo:
+        return {form.name: dict(known.get(form.name, {})) for form in forms}
     started = time.perf_counter()
-    errors = _measure(model.proto, layers, forms, choices, calibration, batches, output_index, allowance_s)
+    errors = _measure(model.proto, todo, forms, choices, calibration, batches, output_index, allowance_s)
+    for form in forms:
+        errors[form.name] = {**known.get(form.name, {}), **errors[form.name]}
     logger.info(
-        "INT8 forms: %s measured per layer in %.1f s", ", ".join(f.name for f in forms), time.perf_counter() - started
+        "INT8 forms: %s measured on %d layers in %.1f s",
+        ", ".join(f.name for f in forms),
+        len(todo),
+        time.perf_counter() - started,
     )
-    if path is not None and all(len(errors[f.name]) == sum(f.applies(x) for x in layers) for f in forms):
+    if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(errors))
     return errors
@@ -131,7 +141,7 @@ def _measure(
     for layer in layers:
         if deadline is not None and time.perf_counter() > deadline:
             break
-        own = [form for form in forms if form.applies(layer)]
+        own = [form for form in forms if form.applies(layer)]  # the caller left only layers with one to measure
         if not own:
             continue
         candidates = [

@@ -254,13 +254,7 @@ def fit_surrogate(
     saving_weight = prior_weight if saving_prior_weight is None else saving_prior_weight
     saving = _fit(rows, np.array([1.0 - 1.0 / r.speedup for r in ok]), ridge, saving_prior, saving_weight)
     drop_targets = np.array([r.accuracy_drop for r in ok])
-    settings: dict[tuple[Any, ...], list[int]] = {}
-    if prior is not None:
-        settings[tuple(knob_defaults.get(name) for name in accuracy_knobs)] = []
-        for form in prior.form_drops:  # another INT8 scheme's setting has its own prior drops from the start
-            if form != DYNAMIC and INT8_SCHEME_KNOB in accuracy_knobs:
-                other = {**knob_defaults, INT8_SCHEME_KNOB: form}
-                settings[tuple(other.get(name) for name in accuracy_knobs)] = []
+    settings = _prior_settings(prior, knob_defaults, accuracy_knobs)
     for index, result in enumerate(ok):
         settings.setdefault(tuple(result.plan.knob(name) for name in accuracy_knobs), []).append(index)
     drops = {}
@@ -275,6 +269,24 @@ def fit_surrogate(
     default = tuple(knob_defaults.get(name) for name in accuracy_knobs)
     pooled = _fit(rows, drop_targets, ridge, (drop_priors or {}).get(default), prior_weight)
     return Surrogate(saving, drops, pooled, tuple(accuracy_knobs), dict(knob_defaults), len(ok))
+
+
+def _prior_settings(
+    prior: LayerPrior | None, knob_defaults: Mapping[str, Any], accuracy_knobs: Sequence[str]
+) -> dict[tuple[Any, ...], list[int]]:
+    """The settings of the accuracy knobs that have drop terms before any trial (none without a prior).
+
+    The defaults', and where the prior holds other INT8 schemes' per-layer drops (``LayerPrior.form_drops``),
+    each such scheme's with the other knobs at their defaults.
+    """
+    if prior is None:
+        return {}
+    settings: dict[tuple[Any, ...], list[int]] = {tuple(knob_defaults.get(name) for name in accuracy_knobs): []}
+    for form in prior.form_drops:
+        if form != DYNAMIC and INT8_SCHEME_KNOB in accuracy_knobs:
+            other = {**knob_defaults, INT8_SCHEME_KNOB: form}
+            settings[tuple(other.get(name) for name in accuracy_knobs)] = []
+    return settings
 
 
 def _setting_prior(

@@ -81,15 +81,19 @@ class PriorInputs:
     def form_errors(self, form: str) -> np.ndarray | None:
         """Per layer, the single-layer error in ``form`` (:attr:`forms`); None where the form was not measured.
 
-        A layer the form was not measured on has the default scheme's error (layerwise) where the form is a
-        scheme, none (0) where it is ``int8-dynamic``: no such option, or no term.
+        A layer the form was not measured on (the allowance ran out first) gets its layerwise error in the
+        default scheme times the form's ratio to it over the layers measured in both; 0 without one.
         """
         measured = self.forms.get(form)
         if not measured:
             return None
-        fallback = self.layer_errors(LAYERWISE) if form != DYNAMIC else None
+        base = self.layer_errors(LAYERWISE)
+        both = [i for i, name in enumerate(self.layer_names) if name in measured]
+        ratio = 0.0
+        if base is not None and both and float(base[both].sum()) > 0:
+            ratio = sum(float(measured[self.layer_names[i]]) for i in both) / float(base[both].sum())
         values = [
-            float(measured[name]) if name in measured else (0.0 if fallback is None else float(fallback[index]))
+            float(measured[name]) if name in measured else (0.0 if base is None else ratio * float(base[index]))
             for index, name in enumerate(self.layer_names)
         ]
         return np.array(values)

@@ -78,7 +78,10 @@ def test_the_forms_errors_are_cached_and_dynamic_skips_layers_it_does_not_apply_
     loaded, calibration, choices, batches = _setup()
     conv_like = dataclasses.replace(loaded.layers[0], op_type="Conv")
     assert not Form(DYNAMIC, DYNAMIC, DYNAMIC_RECIPE).applies(conv_like)
+    cut = form_errors(loaded, FORMS[1:], choices, calibration, batches, 0, cache_dir=tmp_path, allowance_s=0)
+    assert cut == {"u8s7": {}, DYNAMIC: {}}  # the allowance ran out before the first layer
     first = form_errors(loaded, FORMS[1:], choices, calibration, batches, 0, cache_dir=tmp_path)
+    assert all(set(first[form.name]) == set(loaded.layer_names) for form in FORMS[1:])
     monkeypatch.setattr(forms_module, "_measure", lambda *args: pytest.fail("measured again"))
     assert form_errors(loaded, FORMS[1:], choices, calibration, batches, 0, cache_dir=tmp_path) == first
     other = LayerwiseChoices(dict.fromkeys(loaded.layer_names, "percentile"), {})

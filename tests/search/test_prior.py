@@ -162,3 +162,17 @@ def test_each_int8_form_starts_from_its_own_per_layer_errors():
         plan=space.plan(dict.fromkeys(names, "int8-dynamic"), layerwise), speedup=1.5, accuracy_drop=0.0264
     )
     assert layer_prior(inputs, [trial], defaults).drop_per_error == pytest.approx(0.0264 / sum(dynamic.values()))
+
+
+def test_a_layer_the_forms_allowance_did_not_reach_takes_the_forms_ratio_to_its_layerwise_error():
+    names = ("a", "b", "c")
+    inputs = PriorInputs(
+        names,
+        (0.3, 0.3, 0.4),
+        {n: {"layerwise": e} for n, e in zip(names, (1e-4, 2e-4, 4e-4), strict=True)},
+        dict.fromkeys(names, "layerwise"),
+        "cosine",
+        forms={"u8s7": {"a": 3e-4, "b": 6e-4}},  # 3x the layerwise errors where measured
+    )
+    assert inputs.form_errors("u8s7") == pytest.approx([3e-4, 6e-4, 12e-4])
+    assert inputs.form_errors("int8-dynamic") is None
