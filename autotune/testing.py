@@ -369,8 +369,23 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
     data["ppo"] = {"imagined_episodes": 16, "n_epochs": 2, "compute_share": 0, **overrides.pop("ppo", {})}
     if "confirm" in overrides:
         overrides["confirm"] = {"self_check": False, **overrides["confirm"]}
+    if "search" not in overrides and overrides.get("backend", {}).get("name", "onnxruntime") == "onnxruntime":
+        data["search"] = _cpu_independent_search()
     data.update(overrides)
     return parse_config(data, "tiny_config")
+
+
+def _cpu_independent_search() -> dict[str, Any]:
+    """The search section that gives a tiny run the same space on every CPU: FP32 and INT8 in the default scheme.
+
+    ``int8-dynamic`` and a searched ``int8_scheme`` depend on what this CPU's kernels compute exactly (the probe):
+    their own tests ask for them (``search=`` in ``tiny_config``, ``forms=True`` in ``tiny_space``).
+    """
+    from autotune.backends.int8_kernels import scheme_name
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+    from autotune.plan import INT8_SCHEME_KNOB
+
+    return {"precisions": ["int8"], "knobs": {INT8_SCHEME_KNOB: [scheme_name(OnnxRuntimeCPU().recipe)]}}
 
 
 def synthetic_evaluator(
