@@ -78,8 +78,9 @@ on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pai
 # INT8_SCHEME_KNOB (in autotune.plan, where the search's accuracy knobs read it) picks a plan's INT8 scheme among
 # those this CPU computes exactly (INT8_SCHEMES order, the first exact one the default). Where several are exact
 # they differ in speed, not in what they compute correctly: u8s8 and u8u8 give the same numbers on different
-# kernels, u8s7 halves the weight resolution. Where more than one is exact the search offers the knob by default
-# and times each scheme on the fastest all-INT8 seed (``Knob.seeded``); where one is, a config may still name it.
+# kernels, u8s7 halves the weight resolution. Where u8s8 saturates and more than one is exact (AVX2) the search
+# offers the knob by default and times each scheme on the fastest all-INT8 seed (``Knob.seeded``); elsewhere a
+# config may still name it.
 
 
 def _probe_session(model: onnx.ModelProto) -> Any:
@@ -219,8 +220,9 @@ class OnnxRuntimeCPU(GraphBackend):
 
         ``int8_scheme`` offers the schemes the probe found exact on this CPU, the default (today's choice) first;
         the saturating ones are ``unavailable``, so a config that asks for one is refused with the verdict. Where
-        more than one is exact the knob is searched by default (``seeded``: each scheme is timed on the fastest
-        all-INT8 seed, and the planner weighs a frame per scheme); where one is, only where a config names it.
+        u8s8 saturates and more than one scheme is exact (AVX2: u8u8's exact but slower kernels against u8s7's fast
+        ones with 7-bit weights) the knob is searched by default (``seeded``: each scheme is timed on the fastest
+        all-INT8 seed, and the planner weighs a frame per scheme); elsewhere only where a config names it.
         ``int8-dynamic`` is offered where its probe finds a weight range that computes exactly.
 
         Raises:
@@ -251,7 +253,9 @@ class OnnxRuntimeCPU(GraphBackend):
                     (default, *(name for name in exact if name != default)),
                     "INT8 activation/weight types and weight range, among those this CPU computes exactly",
                     unavailable=saturating,
-                    opt_in=len(exact) < 2,  # one exact scheme: nothing to measure, plans keep their hashes
+                    # Nothing to measure where u8s8 is exact (VNNI, AMX): its kernels are the fast ones and its numbers
+                    # the 8-bit ones; nor where one scheme is. There plans keep their hashes unless a config names it.
+                    opt_in=default == "u8s8" or len(exact) < 2,
                     seeded=True,
                 ),
             ),

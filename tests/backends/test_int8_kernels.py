@@ -261,6 +261,13 @@ def test_the_scheme_knob_is_searched_by_default_where_more_than_one_scheme_is_ex
     assert _scheme_knob(space).values == ("u8s7",)  # a config may still narrow it
 
 
+def test_where_u8s8_is_exact_the_scheme_knob_is_searched_only_where_the_config_names_it(monkeypatch):
+    """VNNI, AMX: u8s8's kernels are the fast ones and its numbers the 8-bit ones; no other scheme can win."""
+    force_verdicts(monkeypatch, set())
+    assert INT8_SCHEME_KNOB not in {knob.name for knob in tiny_space(forms=True).knobs}
+    assert _scheme_knob(tiny_space(forms=True, knobs=ALL_SCHEMES)).values == ("u8s8", "u8u8", "u8s7")
+
+
 def test_the_scheme_knob_is_searched_only_where_the_config_names_it_where_one_scheme_is_exact(monkeypatch):
     force_verdicts(monkeypatch, {"u8s8", "u8u8"})
     default = tiny_space(forms=True)
