@@ -381,11 +381,12 @@ def _cpu_independent_search() -> dict[str, Any]:
     ``int8-dynamic`` and a searched ``int8_scheme`` depend on what this CPU's kernels compute exactly (the probe):
     their own tests ask for them (``search=`` in ``tiny_config``, ``forms=True`` in ``tiny_space``).
     """
-    from autotune.backends.int8_kernels import scheme_name
     from autotune.backends.onnxruntime import OnnxRuntimeCPU
     from autotune.plan import INT8_SCHEME_KNOB
 
-    return {"precisions": ["int8"], "knobs": {INT8_SCHEME_KNOB: [scheme_name(OnnxRuntimeCPU().recipe)]}}
+    knob = next(knob for knob in OnnxRuntimeCPU().capabilities().knobs if knob.name == INT8_SCHEME_KNOB)
+    searched = {} if knob.opt_in else {"knobs": {INT8_SCHEME_KNOB: [knob.default]}}  # narrowed where searched
+    return {"precisions": ["int8"], **searched}
 
 
 def synthetic_evaluator(
