@@ -29,6 +29,11 @@ class Knob:
         opt_in: The search space has the knob only where the config's ``search.knobs`` names it; elsewhere every
             plan leaves it unset and builds with its default (so the plans, and their hashes, of a run that does
             not search it stay what they were before the knob existed).
+        seeded: The knob changes how a plan's INT8 layers compute (ONNX Runtime's ``int8_scheme``): a run times
+            each of its values on the fastest uniform INT8 seed right after the seeds
+            (``autotune.search.driver.time_seeded_knobs``), and the planner weighs a plan frame per value
+            (``autotune.search.design.model_frames``), so the fastest value within the budget is kept. Unlike a
+            free knob it stays searched: its values differ in accuracy too.
     """
 
     name: str
@@ -38,6 +43,7 @@ class Knob:
     free: bool = False
     unavailable: tuple[tuple[KnobValue, str], ...] = ()
     opt_in: bool = False
+    seeded: bool = False
 
     @property
     def default(self) -> KnobValue:

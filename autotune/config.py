@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from autotune.optypes import TunableOp
 from autotune.searchconfig import FinalistRule, PlannerConfig, PlanningRule, PPOConfig, RewardConfig, StrictSection
 
-Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
+Precision = Literal["fp32", "fp16", "bf16", "int8", "int8-dynamic", "fp8"]
 KnobValue = str | int | float | bool
 CALIBRATION_METHODS = ("layerwise", "max", "percentile", "entropy")
 

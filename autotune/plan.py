@@ -8,8 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "fp8")
-"""Every precision a layer can take, from widest to narrowest; backends offer a subset."""
+DYNAMIC = "int8-dynamic"
+"""INT8 whose activations are quantized at run time (ONNX Runtime's MatMul/Gemm, ``autotune.quant.dynamic``)."""
+
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", DYNAMIC, "fp8")
+"""Every precision a layer can take, from widest to narrowest; backends offer a subset. ``int8-dynamic``: INT8
+whose activations are quantized at run time (ONNX Runtime's MatMul/Gemm, ``autotune.quant.dynamic``)."""
 
 KnobValue = str | int | float | bool
 

@@ -22,7 +22,14 @@ FIGURE_SIZE = (8.0, 5.0)
 DPI = 100
 REFERENCE_MARKERS = ("P", "X", "v", "^", "<", ">")
 """Markers of the backend's one-liners in the Pareto plot, in the order they were measured."""
-PRECISION_COLOURS = {"fp32": "#9e9e9e", "fp16": "#64b5f6", "bf16": "#4db6ac", "int8": "#ef6c00", "fp8": "#ab47bc"}
+PRECISION_COLOURS = {
+    "fp32": "#9e9e9e",
+    "fp16": "#64b5f6",
+    "bf16": "#4db6ac",
+    "int8": "#ef6c00",
+    "int8-dynamic": "#ffb74d",
+    "fp8": "#ab47bc",
+}
 
 
 @dataclass

@@ -378,8 +378,24 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
     data["ppo"] = {"imagined_episodes": 16, "n_epochs": 2, "compute_share": 0, **overrides.pop("ppo", {})}
     if "confirm" in overrides:
         overrides["confirm"] = {"self_check": False, **overrides["confirm"]}
+    if "search" not in overrides and overrides.get("backend", {}).get("name", "onnxruntime") == "onnxruntime":
+        data["search"] = _cpu_independent_search()
     data.update(overrides)
     return parse_config(data, "tiny_config")
+
+
+def _cpu_independent_search() -> dict[str, Any]:
+    """The search section that gives a tiny run the same space on every CPU: FP32 and INT8 in the default scheme.
+
+    ``int8-dynamic`` and a searched ``int8_scheme`` depend on what this CPU's kernels compute exactly (the probe):
+    their own tests ask for them (``search=`` in ``tiny_config``, ``forms=True`` in ``tiny_space``).
+    """
+    from autotune.backends.onnxruntime import OnnxRuntimeCPU
+    from autotune.plan import INT8_SCHEME_KNOB
+
+    knob = next(knob for knob in OnnxRuntimeCPU().capabilities().knobs if knob.name == INT8_SCHEME_KNOB)
+    searched = {} if knob.opt_in else {"knobs": {INT8_SCHEME_KNOB: [knob.default]}}  # narrowed where searched
+    return {"precisions": ["int8"], **searched}
 
 
 def synthetic_evaluator(
@@ -431,15 +447,35 @@ def synthetic_evaluator(
     return evaluate
 
 
-def tiny_space(capabilities: Any = None, **search: Any) -> Any:
-    """The search space of ``tiny_mlp`` at batch 16 (ORT CPU capabilities unless given)."""
+def tiny_space(capabilities: Any = None, forms: bool = False, **search: Any) -> Any:
+    """The search space of ``tiny_mlp`` at batch 16 (ORT CPU capabilities unless given).
+
+    Args:
+        capabilities: The backend's capabilities; None: ONNX Runtime's on this CPU.
+        forms: Keep the INT8 forms that depend on this CPU's probe as a run gets them (``int8-dynamic``, the
+            ``int8_scheme`` knob searched where several schemes are exact). Off (default): FP32 and INT8 only and
+            the knob only where ``search`` names it, so a test's space is the same on every CPU.
+        search: ``SearchSpaceConfig`` fields.
+    """
+    import dataclasses
+
     from autotune.backends.onnxruntime import OnnxRuntimeCPU
     from autotune.config import SearchSpaceConfig
     from autotune.model import InputSpec, prepare_model
+    from autotune.plan import INT8_SCHEME_KNOB
     from autotune.search.space import build_space
 
     model = prepare_model(tiny_mlp(), Path("tiny.onnx"), [InputSpec("x", (16, 32), "float32")])
-    return build_space(model.layers, capabilities or OnnxRuntimeCPU().capabilities(), SearchSpaceConfig(**search))
+    if capabilities is None:
+        capabilities = OnnxRuntimeCPU().capabilities()
+        if not forms:
+            knobs = tuple(
+                dataclasses.replace(knob, opt_in=True) if knob.name == INT8_SCHEME_KNOB else knob
+                for knob in capabilities.knobs
+            )
+            capabilities = dataclasses.replace(capabilities, knobs=knobs)
+            search.setdefault("precisions", ["int8"])
+    return build_space(model.layers, capabilities, SearchSpaceConfig(**search))
 
 
 def typed_model(runner: Any, plan: Any) -> onnx.ModelProto:

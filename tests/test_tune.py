@@ -441,6 +441,23 @@ def test_seeds_travel_with_the_first_random_plans_on_several_workers_and_come_fi
     assert many.builds == one.builds and many.builds <= 8
 
 
+def test_the_int8_forms_are_seeds_and_each_exact_scheme_is_timed_on_the_int8_seed(tmp_path):
+    """ONNX Runtime on an AVX2 CPU: int8-dynamic a precision, u8u8 and u8s7 exact (the knob seeded)."""
+    capabilities = Capabilities(
+        {"Gemm": ("fp32", "int8", "int8-dynamic"), "MatMul": ("fp32", "int8", "int8-dynamic")},
+        (Knob("int8_scheme", ("u8u8", "u8s7"), seeded=True),),
+    )
+    space = tiny_space(capabilities)
+    config = tiny_config(tmp_path, budget={"builds": 6})
+    harness = _RecordingHarness(space, workers=4, knob_latency={("int8_scheme", "u8s7"): 0.8})
+    _search(config, space, harness, "random")
+    int8, dynamic = space.uniform("int8"), space.uniform("int8-dynamic")
+    assert harness.handed[0] == [int8, dynamic]  # the uniform seeds, in a round of their own even on 4 workers
+    assert harness.handed[1] == [int8.with_knobs(int8_scheme="u8s7")]  # the other exact scheme, on the INT8 seed
+    searched = [plan for plans in harness.handed[2:] for plan in plans]
+    assert searched and {plan.knob("int8_scheme") for plan in searched} <= {"u8u8", "u8s7"}
+
+
 def _gpu_like_space():
     """The tiny model with a base precision, two free knobs and a searched one (ONNX Runtime's allow_spinning)."""
     capabilities = Capabilities(

@@ -206,8 +206,10 @@ def _pattern_model(pattern: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarra
     return shape_inference.infer_shapes(model), np.full(x_shape, x_value, np.float32), exact
 
 
-def _lowered(pattern: str, recipe: QuantRecipe) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
-    """The pattern's model all-INT8 through our lowering, with its input and exact output."""
+def _lowered(
+    pattern: str, recipe: QuantRecipe, precision: str = "int8"
+) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """The pattern's model all in ``precision`` through our lowering, with its input and exact output."""
     model, x, exact = _pattern_model(pattern)
     layers = build_layer_table(model)
     peak = float(np.abs(exact).max())
@@ -215,7 +217,7 @@ def _lowered(pattern: str, recipe: QuantRecipe) -> tuple[onnx.ModelProto, np.nda
     for tensor in required_ranges(layers, recipe, model):
         # The output range holds the exact result (the output grid's step is then peak / 255 at most).
         ranges[tensor] = (0.0, 255.0) if tensor == "X" else (-peak, peak)
-    plan = Plan.make({layer.name: "int8" for layer in layers})
+    plan = Plan.make({layer.name: precision for layer in layers})
     return rewrite(model, layers, plan, ranges, recipe), x, exact
 
 
@@ -227,7 +229,33 @@ def probe_pattern(pattern: str, recipe: QuantRecipe, session: Callable[[onnx.Mod
         recipe: The scheme to probe (its ``weight_max`` sets the weight integers).
         session: Makes an inference session of a model, with the options a build uses (``run(None, feeds)``).
     """
-    lowered, x, exact = _lowered(pattern, recipe)
+    return _compare(pattern, recipe, session, *_lowered(pattern, recipe))
+
+
+def probe_dynamic_pattern(pattern: str, weight_max: int, session: Callable[[onnx.ModelProto], Any]) -> PatternResult:
+    """Runs one pattern in the ``int8-dynamic`` form with ``weight_max`` and compares with exact arithmetic.
+
+    The input of 255 everywhere quantizes at run time to 255 with scale 1, as the static range does, and every
+    weight is the largest integer: the same worst case as :func:`probe_pattern`'s.
+
+    Args:
+        pattern: One of :data:`DYNAMIC_PATTERNS`.
+        weight_max: The int8 weights' range, 127 or 64.
+        session: Makes an inference session of a model, with the options a build uses.
+    """
+    recipe = dataclasses.replace(QuantRecipe(), dynamic_weight_max=weight_max)
+    return _compare(pattern, recipe, session, *_lowered(pattern, recipe, "int8-dynamic"))
+
+
+def _compare(
+    pattern: str,
+    recipe: QuantRecipe,
+    session: Callable[[onnx.ModelProto], Any],
+    lowered: onnx.ModelProto,
+    x: np.ndarray,
+    exact: np.ndarray,
+) -> PatternResult:
+    """Runs a lowered pattern on a session and compares its output with the exact one."""
     try:
         got = np.asarray(session(lowered).run(None, {"X": x})[0], dtype=np.float64)
     except Exception as error:  # noqa: BLE001 - a runtime without a kernel for the scheme raises its own types
@@ -240,6 +268,41 @@ def probe_pattern(pattern: str, recipe: QuantRecipe, session: Callable[[onnx.Mod
     relative = float((error / np.maximum(np.abs(exact), 1.0)).max())
     exact_enough = bool(np.all(error <= step / 2 + _RELATIVE_TOLERANCE * np.abs(exact)))
     return PatternResult(pattern, exact_enough, relative)
+
+
+DYNAMIC_PATTERNS = ("MatMul", "Gemm")
+"""The patterns of the ``int8-dynamic`` probe: the op types that take it (``autotune.quant.dynamic``)."""
+
+
+def dynamic_name(weight_max: int) -> str:
+    """``dynamic-u8s8`` or ``dynamic-u8s7``: uint8 activations quantized per run, 8 or 7-bit int8 weights."""
+    return f"dynamic-u8s{8 if weight_max > 64 else 7}"
+
+
+def probe_dynamic(weight_max: int, session: Callable[[onnx.ModelProto], Any]) -> SchemeVerdict:
+    """The verdict for the ``int8-dynamic`` form with ``weight_max`` over :data:`DYNAMIC_PATTERNS`."""
+    results = tuple(probe_dynamic_pattern(p, weight_max, session) for p in DYNAMIC_PATTERNS)
+    return SchemeVerdict(dynamic_name(weight_max), results)
+
+
+def dynamic_verdicts(session: Callable[[onnx.ModelProto], Any], cache_key: Any = None) -> dict[str, SchemeVerdict]:
+    """The verdicts of the dynamic form with 8-bit and 7-bit weights, probed once per process and ``cache_key``."""
+    verdicts = {}
+    for weight_max in (127, 64):
+        key = (cache_key, "dynamic", weight_max)
+        if key not in _VERDICTS:
+            _VERDICTS[key] = probe_dynamic(weight_max, session)
+        verdicts[dynamic_name(weight_max)] = _VERDICTS[key]
+    return verdicts
+
+
+def dynamic_weight_max(verdicts: Mapping[str, SchemeVerdict]) -> int | None:
+    """127 where the dynamic form with 8-bit weights is exact, else 64 where 7-bit is, else None (not offered)."""
+    for weight_max in (127, 64):
+        verdict = verdicts.get(dynamic_name(weight_max))
+        if verdict is not None and verdict.exact:
+            return weight_max
+    return None
 
 
 def scheme_name(recipe: QuantRecipe) -> str:

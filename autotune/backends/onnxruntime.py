@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -18,6 +19,8 @@ from autotune.backends.base import BuildError, GraphArtifact, GraphBackend
 from autotune.backends.int8_kernels import (
     SchemeVerdict,
     choose_recipe,
+    dynamic_verdicts,
+    dynamic_weight_max,
     exact_candidates,
     isa_features,
     scheme_name,
@@ -27,6 +30,7 @@ from autotune.capabilities import Capabilities, Knob
 from autotune.files import write_json
 from autotune.optypes import TUNABLE_OP_TYPES
 from autotune.plan import INT8_SCHEME_KNOB, KnobValue, Plan
+from autotune.quant.dynamic import DYNAMIC, DYNAMIC_OP_TYPES
 from autotune.quant.recipe import ORT_X86, QuantRecipe
 
 if TYPE_CHECKING:
@@ -74,8 +78,9 @@ on AVX2: the same numbers); else 7-bit int8 weights (the U8S8 kernels, whose pai
 # INT8_SCHEME_KNOB (in autotune.plan, where the search's accuracy knobs read it) picks a plan's INT8 scheme among
 # those this CPU computes exactly (INT8_SCHEMES order, the first exact one the default). Where several are exact
 # they differ in speed, not in what they compute correctly: u8s8 and u8u8 give the same numbers on different
-# kernels, u8s7 halves the weight resolution. Searched where a config names it (search.knobs.int8_scheme:
-# [u8s8, u8u8, u8s7]); elsewhere plans leave it unset and build with the default.
+# kernels, u8s7 halves the weight resolution. Where u8s8 saturates and more than one is exact (AVX2) the search
+# offers the knob by default and times each scheme on the fastest all-INT8 seed (``Knob.seeded``); elsewhere a
+# config may still name it.
 
 
 def _probe_session(model: onnx.ModelProto) -> Any:
@@ -156,12 +161,22 @@ class OnnxRuntimeCPU(GraphBackend):
     def recipe(self) -> QuantRecipe:  # type: ignore[override] - the base declares an attribute
         """The INT8 scheme of this CPU: probed (once per process) on sessions built as every plan's is."""
         if self._recipe is None:
-            self._recipe = int8_recipe(lambda model: self._session(model, {}), INT8_SCHEMES[0])
+            self._recipe = self._with_dynamic(int8_recipe(lambda model: self._session(model, {}), INT8_SCHEMES[0]))
         return self._recipe
 
     def int8_verdicts(self) -> dict[str, SchemeVerdict]:
         """The probe's verdict per INT8 scheme (see :func:`int8_verdicts`), on this backend's sessions."""
         return int8_verdicts(lambda model: self._session(model, {}))
+
+    def dynamic_verdicts(self) -> dict[str, SchemeVerdict]:
+        """The probe's verdicts of the ``int8-dynamic`` form with 8 and 7-bit weights, on this backend's sessions."""
+        import onnxruntime as ort
+
+        return dynamic_verdicts(lambda model: self._session(model, {}), cache_key=(ort.__version__, isa_features()))
+
+    def _with_dynamic(self, recipe: QuantRecipe) -> QuantRecipe:
+        """``recipe`` with the weight range of the exact ``int8-dynamic`` form (8 bits where exact, else 7)."""
+        return dataclasses.replace(recipe, dynamic_weight_max=dynamic_weight_max(self.dynamic_verdicts()) or 64)
 
     def int8_schemes(self) -> dict[str, QuantRecipe]:
         """The INT8 schemes this CPU's kernels compute exactly, by name, in ``INT8_SCHEMES`` order.
@@ -169,7 +184,7 @@ class OnnxRuntimeCPU(GraphBackend):
         The first is ``recipe``, the default of the ``int8_scheme`` knob; a saturating scheme is never among them.
         """
         verdicts = self.int8_verdicts()
-        return {scheme_name(r): r for r in INT8_SCHEMES if verdicts[scheme_name(r)].exact}
+        return {scheme_name(r): self._with_dynamic(r) for r in INT8_SCHEMES if verdicts[scheme_name(r)].exact}
 
     def recipe_for(self, plan: Plan) -> QuantRecipe:
         """The scheme the plan's ``int8_scheme`` knob names; ``recipe`` (the first exact one) where it names none.
@@ -197,18 +212,22 @@ class OnnxRuntimeCPU(GraphBackend):
             "exact": list(self.int8_schemes()),
             "isa": list(isa_features()),
             "verdicts": {name: verdict.describe() for name, verdict in self.int8_verdicts().items()},
+            "dynamic": {name: verdict.describe() for name, verdict in self.dynamic_verdicts().items()},
         }
 
     def capabilities(self) -> Capabilities:
-        """INT8 for weight layers; optimization level, spinning and the INT8 scheme as knobs.
+        """INT8 (and ``int8-dynamic`` for MatMul/Gemm) for weight layers; optimization level, spinning, INT8 scheme.
 
         ``int8_scheme`` offers the schemes the probe found exact on this CPU, the default (today's choice) first;
-        the saturating ones are ``unavailable``, so a config that asks for one is refused with the verdict.
+        the saturating ones are ``unavailable``, so a config that asks for one is refused with the verdict. Where
+        u8s8 saturates and more than one scheme is exact (AVX2: u8u8's exact but slower kernels against u8s7's fast
+        ones with 7-bit weights) the knob is searched by default (``seeded``: each scheme is timed on the fastest
+        all-INT8 seed, and the planner weighs a frame per scheme); elsewhere only where a config names it.
+        ``int8-dynamic`` is offered where its probe finds a weight range that computes exactly.
 
         Raises:
             RuntimeError: No INT8 scheme computes exactly here (the message names every verdict).
         """
-        int8 = ("fp32", "int8")
         default = scheme_name(self.recipe)  # raises where no scheme is exact
         exact = self.int8_schemes()
         saturating = tuple(
@@ -216,8 +235,14 @@ class OnnxRuntimeCPU(GraphBackend):
             for name, verdict in self.int8_verdicts().items()
             if not verdict.exact
         )
+        dynamic = dynamic_weight_max(self.dynamic_verdicts()) is not None
+        precisions = {
+            op: ("fp32", "int8", DYNAMIC) if dynamic and op in DYNAMIC_OP_TYPES else ("fp32", "int8")
+            for op in TUNABLE_OP_TYPES
+            if op not in FP32_ONLY_OP_TYPES
+        }
         return Capabilities(
-            precisions={op: int8 for op in TUNABLE_OP_TYPES if op not in FP32_ONLY_OP_TYPES},
+            precisions=precisions,
             knobs=(
                 Knob(
                     "graph_optimization_level", _LEVELS, "ORT graph optimizations; INT8 needs >= extended to fuse Q/DQ"
@@ -228,7 +253,10 @@ class OnnxRuntimeCPU(GraphBackend):
                     (default, *(name for name in exact if name != default)),
                     "INT8 activation/weight types and weight range, among those this CPU computes exactly",
                     unavailable=saturating,
-                    opt_in=True,  # searched where the config names it: a run that does not keeps its plans
+                    # Nothing to measure where u8s8 is exact (VNNI, AMX): its kernels are the fast ones and its numbers
+                    # the 8-bit ones; nor where one scheme is. There plans keep their hashes unless a config names it.
+                    opt_in=default == "u8s8" or len(exact) < 2,
+                    seeded=True,
                 ),
             ),
         )
@@ -303,6 +331,9 @@ class OnnxRuntimeCPU(GraphBackend):
                 INT8_SCHEME_KNOB: scheme_name(recipe),
                 "int8_weight_range": [-recipe.weight_max, recipe.weight_max],
             }
+        if plan is not None and plan.layers_in(DYNAMIC):
+            weight_max = self.recipe_for(plan).dynamic_weight_max
+            scheme["int8_dynamic_weight_range"] = [-weight_max, weight_max]
         session = {
             "providers": ["CPUExecutionProvider"],
             "graph_optimization_level": str(knobs.get("graph_optimization_level", "all")),

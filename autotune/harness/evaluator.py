@@ -10,7 +10,7 @@ from typing import Any
 from autotune.backends import BuildError
 from autotune.config import TuneConfig
 from autotune.harness.executor import Pool, make_pool
-from autotune.harness.process import ChildRunner
+from autotune.harness.process import ChildRunner, forms_of
 from autotune.harness.runner import TrialRunner, confirmation_protocol
 from autotune.measure import Protocol
 from autotune.plan import Plan
@@ -290,7 +290,9 @@ class Evaluator:
         """
         if self._inline is not None:
             choices = self._inline.layerwise
-            return None if choices is None else {"methods": choices.methods, "errors": choices.errors}
+            if choices is None:
+                return None
+            return {"methods": choices.methods, "errors": choices.errors, "forms": forms_of(self._inline)}
         status, data = self._request("layerwise", None)
         return data if status == "result" else None
 

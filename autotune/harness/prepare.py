@@ -19,8 +19,10 @@ from autotune.backends import Backend, backend_class
 from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig
 from autotune.data import Dataset
 from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
-from autotune.plan import CALIBRATION_KNOB, Plan
+from autotune.plan import CALIBRATION_KNOB, INT8_SCHEME_KNOB, Plan
 from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, StatisticsCollector, calibrate
+from autotune.quant.dynamic import DYNAMIC
+from autotune.quant.forms import Form, form_errors
 from autotune.quant.layerwise import LAYERWISE, SMOOTHING, LayerwiseChoices, choose_layer_methods
 from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import QuantRecipe
@@ -226,6 +228,52 @@ def choose_layerwise(
             f"search.calibration_methods to calibrate every layer alike"
         ) from error
     return choices
+
+
+def int8_forms(backend: Backend, space: SearchSpace) -> list[Form]:
+    """The INT8 forms the space offers besides the default scheme: the other exact schemes, ``int8-dynamic``."""
+    forms = []
+    knob = next((knob for knob in space.knobs if knob.name == INT8_SCHEME_KNOB), None)
+    for value in knob.values if knob is not None else ():
+        if value != knob.default:  # type: ignore[union-attr]
+            plan = space.uniform("int8", {INT8_SCHEME_KNOB: value})
+            forms.append(Form(str(value), "int8", backend.recipe_for(plan)))
+    if any(DYNAMIC in options for options in space.choices):
+        forms.append(Form(DYNAMIC, DYNAMIC, backend.recipe))
+    return forms
+
+
+def measure_forms(
+    bounds: LayerwiseBounds,
+    model: LoadedModel,
+    backend: Backend,
+    space: SearchSpace,
+    calibration: Calibration,
+    data: Dataset,
+    output_index: int,
+    choices: LayerwiseChoices | None,
+) -> dict[str, dict[str, float]]:
+    """Per INT8 form of :func:`int8_forms`, each layer's single-layer error (``autotune.quant.forms``).
+
+    Empty without layerwise choices or other forms; a failure is logged and leaves the forms to the trials.
+    """
+    forms = int8_forms(backend, space)
+    if choices is None or not forms:
+        return {}
+    try:
+        return form_errors(
+            model,
+            forms,
+            choices,
+            calibration,
+            data.batches,
+            output_index,
+            cache_dir=bounds.cache_dir / "calibration",
+            allowance_s=bounds.allowance_s,
+        )
+    except Exception as error:  # noqa: BLE001 - ORT raises its own exception types; the trials still measure
+        log.warning("the INT8 forms' per-layer errors could not be measured (%s); the trials will tell", error)
+        return {}
 
 
 class Quantizations:

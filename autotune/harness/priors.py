@@ -39,6 +39,7 @@ def prior_inputs(metric: str, space: SearchSpace, evaluator: Evaluator) -> Prior
         layerwise["methods"],
         metric,
         None if granularity is None else str(granularity),
+        layerwise.get("forms") or {},
     )
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from autotune.backends.base import DEVICE_OWNER_ENV
 from autotune.config import TuneConfig
 from autotune.extras import MissingExtra
-from autotune.harness.prepare import SetupError
+from autotune.harness.deadline import layerwise_allowance_s
+from autotune.harness.prepare import LayerwiseBounds, SetupError, measure_forms
 from autotune.harness.runner import TrialRunner
 from autotune.harness.stderr import StderrRelay
 from autotune.measure import Protocol
@@ -65,7 +66,9 @@ def handle(runner: TrialRunner, kind: str, payload: Any) -> tuple[str, Any]:
             return "result", [result.to_dict() for result in results]
         if kind == "layerwise":
             choices = runner.layerwise
-            return "result", None if choices is None else {"methods": choices.methods, "errors": choices.errors}
+            if choices is None:
+                return "result", None
+            return "result", {"methods": choices.methods, "errors": choices.errors, "forms": forms_of(runner)}
         if kind == "fp32_plan":
             return "result", runner.fp32_plan.to_dict()
         if kind == "references":
@@ -85,6 +88,25 @@ CODE_CHANGED = (
     "another install, so a new trial process would run other code than the run; nothing measured is lost: make "
     "every node's install the same and continue with `autotune resume RUN_DIR`"
 )
+
+
+def forms_of(runner: TrialRunner) -> dict[str, dict[str, float]]:
+    """Per INT8 form besides the default scheme, each layer's single-layer error (``prepare.measure_forms``).
+
+    Measured at the first request and kept: the priors of a run ask once.
+    """
+    if getattr(runner, "_forms", None) is None:
+        runner._forms = measure_forms(  # type: ignore[attr-defined]
+            LayerwiseBounds(runner.config.cache_dir, layerwise_allowance_s(runner.config.budget.minutes)),
+            runner.model,
+            runner.backend,
+            runner.space,
+            runner.calibration,
+            runner._calibration_data,
+            runner.output_index,
+            runner.layerwise,
+        )
+    return runner._forms  # type: ignore[attr-defined]
 
 
 def fingerprint(root: Path) -> str:

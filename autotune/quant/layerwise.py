@@ -249,18 +249,20 @@ def _layer_errors(
     candidates: Sequence[_Candidate],
     fp32: probe.Fp32Run,
     exhaustive: bool = False,
+    forms: Sequence[tuple[str, QuantRecipe]] | None = None,
 ) -> list[float]:
     """Each candidate's model-output noise-to-signal, the samples' mean (an estimate for a clear loser: ``race``).
 
     Only the layer differs between the single-layer INT8 model and FP32, so the model output is the downstream
     part of the model applied to the layer's quantized output, fed the FP32 values of everything else it reads.
-    ``exhaustive`` runs every candidate on every batch.
+    ``exhaustive`` runs every candidate on every batch; ``forms``: each candidate's precision and recipe
+    (``probe.candidate_outputs``).
     """
     powers = fp32.powers
     samples = [float(len(power)) for power in powers]
     if not cut.reaches_output:  # the layer cannot move the output: every candidate scores as FP32 does
         return [_noise_to_signal(0.0, sum(samples))] * len(candidates)
-    changed, downstream = probe.candidate_outputs(model, layer, cut, recipe, candidates, fp32)
+    changed, downstream = probe.candidate_outputs(model, layer, cut, recipe, candidates, fp32, forms)
 
     def noise_of(candidate: int, batch: int) -> float:
         out = changed[batch][candidate]

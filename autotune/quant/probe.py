@@ -363,19 +363,28 @@ def candidate_outputs(
     recipe: QuantRecipe,
     candidates: Sequence[tuple[Mapping[str, tuple[float, float]], np.ndarray | None]],
     fp32: Fp32Run,
+    forms: Sequence[tuple[str, QuantRecipe]] | None = None,
 ) -> tuple[list[list[np.ndarray]], ort.InferenceSession | None]:
     """Per batch, every candidate's version of the layer's target tensor, and the session downstream of it.
 
     The target tensor is the only value that differs from FP32, so one probe session computes it for all the
     candidates side by side; the downstream session (None where the target is the scored output) turns it into
-    the model output.
+    the model output. ``forms`` gives each candidate its own precision and recipe (another INT8 scheme,
+    ``int8-dynamic``: ``autotune.quant.forms``); None: every candidate is ``int8`` with ``recipe``.
     """
     examples = {name: [batch[name] for batch in fp32.values] for name in cut.fetched}
     single = single_layer_model(model, cut, examples)
-    plan = Plan.make({layer.name: "int8"})
+    forms = forms or [("int8", recipe)] * len(candidates)
     typed = [
-        rewrite(single, [layer], plan, ranges, recipe, smoothing=None if factors is None else {layer.name: factors})
-        for ranges, factors in candidates
+        rewrite(
+            single,
+            [layer],
+            Plan.make({layer.name: precision}),
+            ranges,
+            form_recipe,
+            smoothing=None if factors is None else {layer.name: factors},
+        )
+        for (ranges, factors), (precision, form_recipe) in zip(candidates, forms, strict=True)
     ]
     probes = session(side_by_side(typed, cut))
     changed = [probes.run(None, {name: batch[name] for name in cut.inputs}) for batch in fp32.values]

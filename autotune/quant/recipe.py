@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,9 @@ class QuantRecipe:
         weight_max: Weights are quantized to ``[-weight_max, weight_max]``: 127 (8 bits), or 64 (7 bits, ORT's
             ``reduce_range``) where the CPU's u8 x s8 kernels add pairs of products in int16 and saturate
             (x86 without VNNI; ``autotune.backends.int8_kernels`` probes it).
+        dynamic_weight_max: The weight range of ``int8-dynamic`` layers (``autotune.quant.dynamic``), int8
+            weights in ``[-dynamic_weight_max, dynamic_weight_max]``: 127, or 64 where the CPU's U8S8 kernels
+            saturate.
         quantize_matmul_output: Put Q/DQ on MatMul/Gemm outputs too. ORT CPU is faster without
             (it fuses DQ-MatMul into MatMulIntegerToFloat; tests/backends/test_onnxruntime.py checks the fusion).
         quantize_conv_output: Put Q/DQ on the outputs of Conv layers and of weightless layers (Add, pooling, ...):
@@ -31,6 +34,9 @@ class QuantRecipe:
     activation_dtype: str = "uint8"
     weight_dtype: str = "int8"
     weight_max: int = 127
+    # Not part of a recipe's identity (repr, equality, hash): it changes no static Q/DQ layer, so the layerwise
+    # choices and their caches, keyed by the recipe, stay those of the static scheme.
+    dynamic_weight_max: int = field(default=127, repr=False, compare=False)
     quantize_matmul_output: bool = False
     quantize_conv_output: bool = True
     fold_activation_into_output: bool = True

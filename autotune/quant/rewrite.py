@@ -28,6 +28,7 @@ from autotune.optypes import (
 )
 from autotune.plan import Plan
 from autotune.quant.basetype import BASE_PRECISION_KNOB, BASE_TYPES, base_precision_of, range_float_ops, to_base
+from autotune.quant.dynamic import DYNAMIC, DYNAMIC_OP_TYPES, lower_dynamic
 from autotune.quant.graphedit import GraphEditor, RewriteError, ensure_opset
 from autotune.quant.placement import (
     Grid,
@@ -91,6 +92,8 @@ def _min_opset(precision: str, op_type: str) -> int:
     """
     if precision == "int8":
         return 13
+    if precision == DYNAMIC:
+        return 11  # DynamicQuantizeLinear
     if precision == "fp8":
         return 19
     if precision == "bf16":
@@ -408,8 +411,12 @@ def _check_plan(layers: Sequence[Layer], plan: Plan) -> tuple[dict[str, str], bo
     precisions = plan.precision_map
     for layer in layers:
         precision = precisions.get(layer.name, "fp32")
-        if precision not in ("fp32", "int8", "fp8", *_HALF):
+        if precision not in ("fp32", "int8", DYNAMIC, "fp8", *_HALF):
             raise RewriteError(f"layer {layer.name!r}: unknown precision {precision!r}")
+        if precision == DYNAMIC and layer.op_type not in DYNAMIC_OP_TYPES:
+            raise RewriteError(
+                f"layer {layer.name!r}: {DYNAMIC} is for {'/'.join(DYNAMIC_OP_TYPES)}, not {layer.op_type}"
+            )
         if layer.op_type not in TUNABLE_OP_TYPES:
             raise RewriteError(f"layer {layer.name!r}: {layer.op_type} is not a tunable op type")
         if layer.op_type in (*WEIGHTLESS_OP_TYPES, *RECURRENT_OP_TYPES) and precision not in ("fp32", "int8"):
@@ -467,6 +474,8 @@ def rewrite(
     for layer, precision in active:
         if precision == "int8":
             rewriter.apply_int8(layer)
+        elif precision == DYNAMIC:
+            lower_dynamic(rewriter, layer, per_channel, recipe.dynamic_weight_max)
         elif precision == "fp8":
             rewriter.apply_fp8(layer)
         else:

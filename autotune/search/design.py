@@ -84,29 +84,40 @@ def lowered_precisions(space: SearchSpace) -> list[str]:
 
 @dataclass(frozen=True)
 class Frame:
-    """What a model plan is made of: the precisions its groups keep, the one each may be lowered to, its knobs.
+    """What a model plan is made of: the precisions its groups keep, the ones each may be lowered to, its knobs.
 
     Attributes:
         kept: Per layer, the precision it keeps when its group is not lowered (absent: FP32).
-        lowered: Per decision group, the precision it takes when lowered (None: never lowered).
+        lowered: Per decision group, the precisions it may take when lowered (empty: never lowered).
         knobs: The plan's knob values (absent: the default).
     """
 
     kept: Mapping[str, str]
-    lowered: Sequence[str | None]
+    lowered: Sequence[tuple[str, ...]]
     knobs: Mapping[str, KnobValue]
 
-    def plan(self, space: SearchSpace, chosen: Collection[int]) -> Plan:
-        """The plan that lowers the groups in ``chosen`` and keeps the rest."""
-        lowered = {space.layer_names[i]: self.lowered[g] for g in chosen if self.lowered[g] for i in space.groups[g]}
+    def plan(self, space: SearchSpace, chosen: Mapping[int, str]) -> Plan:
+        """The plan that lowers each group in ``chosen`` to its precision there and keeps the rest."""
+        lowered = {space.layer_names[i]: precision for g, precision in chosen.items() for i in space.groups[g]}
         return space.plan({**self.kept, **lowered}, self.knobs)
+
+
+def _seeded_settings(space: SearchSpace) -> list[dict[str, KnobValue]]:
+    """Every combination of the values of the space's seeded knobs (``Knob.seeded``): one frame each."""
+    settings: list[dict[str, KnobValue]] = [{}]
+    for knob in space.knobs:
+        if knob.seeded and len(knob.values) > 1:
+            settings = [{**setting, knob.name: value} for setting in settings for value in knob.values]
+    return settings
 
 
 def model_frames(model: Surrogate, space: SearchSpace, budget: float) -> list[Frame]:
     """The frames a model plan is searched in.
 
-    Without a knob that follows the precision (ONNX Runtime): one frame, FP32 kept, every group lowered as in
-    :func:`lowered_precisions`, knobs at their defaults. With one (``base_precision`` of the torch and TensorRT
+    Without a knob that follows the precision (ONNX Runtime): FP32 kept, every group lowered to any precision
+    it offers besides FP32 (``int8``, ``int8-dynamic``), one frame per value of the seeded knobs (the INT8
+    scheme: each scheme's plans with that scheme's drops, so the fastest scheme within the budget wins), knobs
+    at their defaults otherwise. With one (``base_precision`` of the torch and TensorRT
     backends) a plan is a base for the whole model with per-layer overrides, and the fastest plan is rarely FP32
     plus INT8: on a GPU all-INT8 can run slower than all-BF16 and all-FP8 faster, and SDPA attention faster than
     eager (docs/benchmarks.md#what-pays-on-the-h200-gemms-and-attention). So the model chooses the frame too: each
@@ -121,7 +132,8 @@ def model_frames(model: Surrogate, space: SearchSpace, budget: float) -> list[Fr
     """
     follows = [knob for knob in space.knobs if knob.follows_precision]
     if not follows:
-        return [Frame({}, lowered_precisions(space), {})]
+        lowered = [tuple(p for p in space.group_choices(group) if p != "fp32") for group in space.groups]
+        return [Frame({}, lowered, setting) for setting in _seeded_settings(space)]
     knobs: dict[str, KnobValue] = {}
     for knob in space.knobs:
         if knob.follows_precision or knob.name in (CALIBRATION_KNOB, GRANULARITY_KNOB) or len(knob.values) < 2:
@@ -135,9 +147,9 @@ def model_frames(model: Surrogate, space: SearchSpace, budget: float) -> list[Fr
     offered = {p for group in space.groups for p in space.group_choices(group)} - {"fp32", base.knob(follows[0].name)}
     frames = []
     for precision in [p for p in ("int8", "fp8", "fp16", "bf16") if p in offered]:
-        lowered = [precision if precision in space.group_choices(group) else None for group in space.groups]
+        lowered = [(precision,) if precision in space.group_choices(group) else () for group in space.groups]
         frames.append(Frame(kept, lowered, base.knob_map))
-    return frames or [Frame(kept, [None] * len(space.groups), base.knob_map)]
+    return frames or [Frame(kept, [()] * len(space.groups), base.knob_map)]
 
 
 def _within(predicted: tuple[float, float], budget: float) -> float:
@@ -178,7 +190,7 @@ def model_best_plan(
     fresh: tuple[float, Plan] | None = None  # the best plan seen outside ``exclude``
     for frame in model_frames(model, space, budget):
         effects = _Effects.read(model, space, frame)
-        best: set[int] = set()
+        best: dict[int, str] = {}
         best_speedup = effects.speedup
         for _ in range(iterations if effects.groups else 0):
             chosen = _neighbour(best, effects, budget, rng)
@@ -208,45 +220,53 @@ class _Effects:
         speedup: The predicted speedup of the frame's plan with nothing lowered.
         saving: Its time saving, ``1 - 1 / speedup``.
         drop: Its predicted accuracy drop.
-        groups: Per lowerable group, in group order, the saving and the drop that lowering it adds.
+        groups: Per lowerable group, in group order, per precision it may take: the saving and the drop that
+            lowering it to that precision adds.
     """
 
     speedup: float
     saving: float
     drop: float
-    groups: dict[int, tuple[float, float]]
+    groups: dict[int, dict[str, tuple[float, float]]]
 
     @classmethod
     def read(cls, model: Surrogate, space: SearchSpace, frame: Frame) -> _Effects:
-        """Asks ``model`` for the frame's plan and for it with each lowerable group lowered alone."""
-        speedup, drop = model.predict(frame.plan(space, ()))
+        """Asks ``model`` for the frame's plan and for it with each lowerable group lowered alone, per precision."""
+        speedup, drop = model.predict(frame.plan(space, {}))
         saving = 1.0 - 1.0 / speedup
-        groups = {}
-        for group in [g for g, precision in enumerate(frame.lowered) if precision]:
-            group_speedup, group_drop = model.predict(frame.plan(space, (group,)))
-            groups[group] = (1.0 - 1.0 / group_speedup - saving, group_drop - drop)
+        groups: dict[int, dict[str, tuple[float, float]]] = {}
+        for group, precisions in enumerate(frame.lowered):
+            for precision in precisions:
+                group_speedup, group_drop = model.predict(frame.plan(space, {group: precision}))
+                groups.setdefault(group, {})[precision] = (1.0 - 1.0 / group_speedup - saving, group_drop - drop)
         return cls(speedup, saving, drop, groups)
 
-    def speedup_of(self, chosen: set[int]) -> float:
+    def speedup_of(self, chosen: Mapping[int, str]) -> float:
         """The predicted speedup with the groups in ``chosen`` lowered (the saving capped at ``MAX_SAVING``)."""
-        saving = self.saving + sum(self.groups[g][0] for g in chosen)
+        saving = self.saving + sum(self.groups[g][p][0] for g, p in chosen.items())
         return 1.0 / (1.0 - min(saving, MAX_SAVING))
 
 
-def _neighbour(best: set[int], effects: _Effects, budget: float, rng: np.random.Generator) -> set[int]:
+def _neighbour(best: Mapping[int, str], effects: _Effects, budget: float, rng: np.random.Generator) -> dict[int, str]:
     """One step of the local search: one to three of ``best``'s groups returned, then others lowered greedily.
 
-    The groups not chosen are tried in random order, each lowered while the predicted drop stays within ``budget``.
+    The groups not chosen are tried in random order, each lowered to the precision that saves the most among
+    those whose drop still fits ``budget``.
     """
-    chosen = set(best)
+    chosen = dict(best)
     if chosen:
         dropped = rng.choice(sorted(chosen), size=min(len(chosen), int(rng.integers(1, 4))), replace=False)
-        chosen -= set(dropped.tolist())
-    drop = effects.drop + sum(effects.groups[g][1] for g in chosen)
+        for group in dropped.tolist():
+            del chosen[group]
+    drop = effects.drop + sum(effects.groups[g][p][1] for g, p in chosen.items())
     for group in rng.permutation(list(effects.groups)).tolist():
-        if group not in chosen and drop + effects.groups[group][1] <= budget:
-            chosen.add(group)
-            drop += effects.groups[group][1]
+        if group in chosen:
+            continue
+        fitting = [(saving, p) for p, (saving, d) in effects.groups[group].items() if drop + d <= budget]
+        if fitting:
+            precision = max(fitting)[1]
+            chosen[group] = precision
+            drop += effects.groups[group][precision][1]
     return chosen
 
 

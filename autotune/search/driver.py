@@ -204,9 +204,13 @@ class Driver:
             strategy.observe(self.build(plans))
 
 
+SEED_PRECISIONS = ("int8", "int8-dynamic", "fp8", "fp16", "bf16")
+"""The lower precisions a uniform seed is built in, in this order, where some layer of the space offers them."""
+
+
 def uniform_seeds(space: SearchSpace) -> list[str]:
     """The lower precisions some layer of the space offers, INT8 first: each becomes one all-that-precision trial."""
-    return [p for p in ("int8", "fp8", "fp16", "bf16") if any(p in choices for choices in space.choices)]
+    return [p for p in SEED_PRECISIONS if any(p in choices for choices in space.choices)]
 
 
 def uniform_seed_rounds(space: SearchSpace) -> tuple[list[Plan], list[str]]:
@@ -264,17 +268,50 @@ def fix_free_knobs(
     return fixed
 
 
+def time_seeded_knobs(
+    space: SearchSpace, seeds: Sequence[TrialResult], build: Callable[[list[Plan]], list[TrialResult]]
+) -> list[TrialResult]:
+    """Builds the fastest seed with INT8 layers once with each other value of every seeded knob (``Knob.seeded``).
+
+    ONNX Runtime's ``int8_scheme`` (where more than one scheme is exact on this CPU): each scheme's all-INT8 speed
+    and drop measured side by side early, so the model of the trials knows what each scheme saves and costs
+    before it weighs a frame per scheme (``autotune.search.design.model_frames``). The knob stays searched.
+
+    Args:
+        space: The search space.
+        seeds: The uniform seeds' results.
+        build: Plans to their results (fewer when the budget runs out): ``Driver.build``.
+
+    Returns:
+        The results of the plans built (none without a seeded knob or a successful INT8 seed).
+    """
+    int8 = [r for r in seeds if r.ok and r.speedup and any(p == "int8" for _, p in r.plan.precisions)]
+    seeded = [knob for knob in space.knobs if knob.seeded and len(knob.values) > 1]
+    if not int8 or not seeded:
+        return []
+    fastest = max(int8, key=lambda r: r.speedup or 0.0).plan
+    plans = [
+        fastest.with_knobs(**{knob.name: value})
+        for knob in seeded
+        for value in knob.values
+        if value != fastest.knob(knob.name, knob.default)
+    ]
+    return build(plans)
+
+
 def build_uniform_seeds(driver: Driver, space: SearchSpace) -> dict[str, KnobValue]:
     """Builds the uniform plans of ``uniform_seeds`` within the budget, side by side with several workers.
 
     Between the float seeds and the quantized ones, the free knobs are measured on the fastest float seed and
-    fixed (``fix_free_knobs``); the quantized seeds are built with the fixed values.
+    fixed (``fix_free_knobs``); the quantized seeds are built with the fixed values. Then the fastest INT8 seed
+    is built with each value of the seeded knobs (``time_seeded_knobs``).
 
     Returns:
         The free knobs fixed, name to value (empty when the space has none or the budget ran out first).
     """
     first, quantized = uniform_seed_rounds(space)
-    measured = [r for r in driver.build(first) if r.ok and r.speedup]
+    built = driver.build(first)
+    measured = [r for r in built if r.ok and r.speedup]
     fastest = max(measured, key=lambda r: r.speedup) if measured else None
     fixed = fix_free_knobs(space, fastest, driver.build) if fastest is not None else {}
     following = {
@@ -282,7 +319,8 @@ def build_uniform_seeds(driver: Driver, space: SearchSpace) -> dict[str, KnobVal
         for knob in space.knobs
         if fastest is not None and knob.follows_precision and fastest.plan.knob(knob.name) is not None
     }
-    driver.build([space.uniform(precision, {**following, **fixed}) for precision in quantized])
+    built += driver.build([space.uniform(precision, {**following, **fixed}) for precision in quantized])
+    time_seeded_knobs(space, built, driver.build)
     return fixed
 
 
@@ -303,7 +341,7 @@ def seeds_ahead(space: SearchSpace, independent: bool, workers: int) -> list[Pla
     seeds wait for the float seeds' results (``uniform_seed_rounds``), nor where free knobs wait for them
     (``fix_free_knobs``).
     """
-    if workers <= 1 or not independent or space.free_knobs:
+    if workers <= 1 or not independent or space.free_knobs or any(k.seeded and len(k.values) > 1 for k in space.knobs):
         return []
     first, quantized = uniform_seed_rounds(space)
     return first if not quantized else []

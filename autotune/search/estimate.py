@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, INT8_SCHEME_KNOB, Plan
+from autotune.plan import CALIBRATION_KNOB, DYNAMIC, GRANULARITY_KNOB, INT8_SCHEME_KNOB, Plan
 from autotune.search.prior import LayerPrior, PriorInputs, layer_prior
 from autotune.trial import TrialResult
 
@@ -244,19 +244,23 @@ def fit_surrogate(
     rows = [_plan_columns(r.plan, knob_defaults) for r in ok]
     saving_prior = drop_priors = None
     if prior is not None:
-        saving_prior = {("layer", name, "int8"): float(v) for name, v in zip(layer_names, prior.saving, strict=True)}
+        # int8-dynamic starts from static INT8's saving: both replace the layer's float product by an integer one
+        saving_prior = {
+            ("layer", name, precision): float(v)
+            for name, v in zip(layer_names, prior.saving, strict=True)
+            for precision in ("int8", DYNAMIC)
+        }
         drop_priors = {}
     saving_weight = prior_weight if saving_prior_weight is None else saving_prior_weight
     saving = _fit(rows, np.array([1.0 - 1.0 / r.speedup for r in ok]), ridge, saving_prior, saving_weight)
     drop_targets = np.array([r.accuracy_drop for r in ok])
-    settings: dict[tuple[Any, ...], list[int]] = {}
-    if prior is not None:
-        settings[tuple(knob_defaults.get(name) for name in accuracy_knobs)] = []
+    settings = _prior_settings(prior, knob_defaults, accuracy_knobs)
     for index, result in enumerate(ok):
         settings.setdefault(tuple(result.plan.knob(name) for name in accuracy_knobs), []).append(index)
     drops = {}
     for setting, members in settings.items():
-        terms = _setting_prior(prior, layer_names, dict(zip(accuracy_knobs, setting, strict=True)))
+        named = dict(zip(accuracy_knobs, setting, strict=True))
+        terms = _setting_prior(prior, layer_names, named, knob_defaults.get(INT8_SCHEME_KNOB))
         if drop_priors is not None and terms:
             drop_priors[setting] = terms
         if len(members) >= MIN_TRIALS or terms:
@@ -267,16 +271,43 @@ def fit_surrogate(
     return Surrogate(saving, drops, pooled, tuple(accuracy_knobs), dict(knob_defaults), len(ok))
 
 
+def _prior_settings(
+    prior: LayerPrior | None, knob_defaults: Mapping[str, Any], accuracy_knobs: Sequence[str]
+) -> dict[tuple[Any, ...], list[int]]:
+    """The settings of the accuracy knobs that have drop terms before any trial (none without a prior).
+
+    The defaults', and where the prior holds other INT8 schemes' per-layer drops (``LayerPrior.form_drops``),
+    each such scheme's with the other knobs at their defaults.
+    """
+    if prior is None:
+        return {}
+    settings: dict[tuple[Any, ...], list[int]] = {tuple(knob_defaults.get(name) for name in accuracy_knobs): []}
+    for form in prior.form_drops:
+        if form != DYNAMIC and INT8_SCHEME_KNOB in accuracy_knobs:
+            other = {**knob_defaults, INT8_SCHEME_KNOB: form}
+            settings[tuple(other.get(name) for name in accuracy_knobs)] = []
+    return settings
+
+
 def _setting_prior(
-    prior: LayerPrior | None, layer_names: Sequence[str], setting: Mapping[str, Any]
+    prior: LayerPrior | None, layer_names: Sequence[str], setting: Mapping[str, Any], default_scheme: Any = None
 ) -> dict[tuple[str, str, Any], float] | None:
-    """The prior INT8 drop terms of one setting of the accuracy knobs, or None."""
+    """The prior INT8 (and ``int8-dynamic``) drop terms of one setting of the accuracy knobs, or None.
+
+    A setting of another INT8 scheme than ``default_scheme`` takes that scheme's per-layer drops, where measured.
+    """
     if prior is None:
         return None
-    drop = prior.drop(setting.get(CALIBRATION_KNOB), setting.get(GRANULARITY_KNOB))
+    scheme = setting.get(INT8_SCHEME_KNOB)
+    other_scheme = scheme if scheme != default_scheme else None
+    drop = prior.drop(setting.get(CALIBRATION_KNOB), setting.get(GRANULARITY_KNOB), other_scheme)
     if drop is None:
         return None
-    return {("layer", name, "int8"): float(v) for name, v in zip(layer_names, drop, strict=True)}
+    terms = {("layer", name, "int8"): float(v) for name, v in zip(layer_names, drop, strict=True)}
+    dynamic = prior.dynamic_drop(setting.get(GRANULARITY_KNOB))
+    if dynamic is not None:
+        terms.update({("layer", name, DYNAMIC): float(v) for name, v in zip(layer_names, dynamic, strict=True)})
+    return terms
 
 
 ACCURACY_KNOBS = (CALIBRATION_KNOB, GRANULARITY_KNOB, INT8_SCHEME_KNOB)

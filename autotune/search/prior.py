@@ -15,10 +15,11 @@ no trials it returns the prior, with many the data's own fit.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from autotune.plan import DYNAMIC, INT8_SCHEME_KNOB
 from autotune.trial import TrialResult
 
 LAYERWISE = "layerwise"
@@ -44,6 +45,8 @@ class PriorInputs:
         chosen: Per layer, the method the layerwise calibration chose.
         metric: The configured metric's name (picks the default error-to-drop scale).
         default_granularity: The weight granularity the single-layer errors were measured with.
+        forms: Per INT8 form besides the default scheme (another scheme such as ``u8s7``, ``int8-dynamic``), each
+            layer's single-layer error with its layerwise choice (``autotune.quant.forms``).
     """
 
     layer_names: tuple[str, ...]
@@ -52,6 +55,7 @@ class PriorInputs:
     chosen: Mapping[str, str]
     metric: str
     default_granularity: str | None = "per_channel"
+    forms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def share_map(self) -> dict[str, float]:
         """Layer name to its share of FP32 runtime, for the layers the profile timed (what ranks finalists)."""
@@ -74,6 +78,26 @@ class PriorInputs:
             values.append(float(by_method[method]))
         return np.array(values)
 
+    def form_errors(self, form: str) -> np.ndarray | None:
+        """Per layer, the single-layer error in ``form`` (:attr:`forms`); None where the form was not measured.
+
+        A layer the form was not measured on (the allowance ran out first) gets its layerwise error in the
+        default scheme times the form's ratio to it over the layers measured in both; 0 without one.
+        """
+        measured = self.forms.get(form)
+        if not measured:
+            return None
+        base = self.layer_errors(LAYERWISE)
+        both = [i for i, name in enumerate(self.layer_names) if name in measured]
+        ratio = 0.0
+        if base is not None and both and float(base[both].sum()) > 0:
+            ratio = sum(float(measured[self.layer_names[i]]) for i in both) / float(base[both].sum())
+        values = [
+            float(measured[name]) if name in measured else (0.0 if base is None else ratio * float(base[index]))
+            for index, name in enumerate(self.layer_names)
+        ]
+        return np.array(values)
+
     def to_dict(self) -> dict:
         """A JSON-ready dict (what a run keeps in its store's meta, for the replay)."""
         return {
@@ -83,6 +107,7 @@ class PriorInputs:
             "chosen": dict(self.chosen),
             "metric": self.metric,
             "default_granularity": self.default_granularity,
+            "forms": {k: dict(v) for k, v in self.forms.items()},
         }
 
     @classmethod
@@ -95,6 +120,7 @@ class PriorInputs:
             {str(k): str(v) for k, v in data["chosen"].items()},
             str(data["metric"]),
             data.get("default_granularity", "per_channel"),
+            {str(f): {str(k): float(e) for k, e in v.items()} for f, v in (data.get("forms") or {}).items()},
         )
 
 
@@ -109,6 +135,8 @@ class LayerPrior:
         drop_per_error: The fitted metric drop per unit of output error (None: no trial and no default).
         saving_per_share: The fitted fraction of a layer's FP32 time INT8 saves.
         granularity: The weight granularity ``drops`` hold for (None: the space has no such knob).
+        form_drops: Per INT8 form besides the default scheme (:attr:`PriorInputs.forms`), the per-layer drop in it
+            with the layerwise choices.
     """
 
     saving: np.ndarray
@@ -116,12 +144,23 @@ class LayerPrior:
     drop_per_error: float | None
     saving_per_share: float
     granularity: str | None
+    form_drops: Mapping[str, np.ndarray] = field(default_factory=dict)
 
-    def drop(self, calibration: object, granularity: object) -> np.ndarray | None:
-        """Per-layer prior drops of one setting of the accuracy knobs, or None where nothing was measured."""
+    def drop(self, calibration: object, granularity: object, scheme: object = None) -> np.ndarray | None:
+        """Per-layer prior drops of one setting of the accuracy knobs, or None where nothing was measured.
+
+        ``scheme``: the plan's INT8 scheme where it is not the default (a form with measured errors, layerwise
+        calibration only); None: the default scheme's.
+        """
         if granularity != self.granularity:
             return None
+        if scheme is not None:
+            return self.form_drops.get(str(scheme)) if str(calibration) == LAYERWISE else None
         return self.drops.get(str(calibration))
+
+    def dynamic_drop(self, granularity: object) -> np.ndarray | None:
+        """Per-layer prior drops of ``int8-dynamic`` (no calibration: any method's setting), or None."""
+        return self.form_drops.get(DYNAMIC) if granularity == self.granularity else None
 
 
 def _slope_through_origin(features: Sequence[float], targets: Sequence[float]) -> float | None:
@@ -168,7 +207,12 @@ def layer_prior(
         saving_scale = _slope_through_origin(*points.savings[False])
     saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, -1.0, 1.0))
     drops = {} if drop_scale is None else _prior_drops(inputs, drop_scale, points.errors_by_method)
-    return LayerPrior(saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity)
+    form_drops = {}
+    for form in inputs.forms if drop_scale is not None else ():
+        errors = inputs.form_errors(form)
+        if errors is not None:
+            form_drops[form] = max(drop_scale, 0.0) * errors  # type: ignore[operator]
+    return LayerPrior(saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity, form_drops)
 
 
 class _FitPoints:
@@ -194,28 +238,50 @@ class _FitPoints:
     def add(
         self, result: TrialResult, knob_defaults: Mapping[str, object], calibration_knob: str, granularity_knob: str
     ) -> None:
-        """Adds one trial's points; failed trials and plans with other precisions than INT8 and FP32 add none."""
+        """Adds one trial's points; failed trials and plans with other precisions than INT8 and FP32 add none.
+
+        Plans with ``int8-dynamic`` layers add no saving point (the scale is static INT8's), and a drop point only
+        where the dynamic form's errors were measured; a plan of another INT8 scheme adds its drop point with that
+        scheme's errors (``PriorInputs.forms``).
+        """
         if not result.ok or not result.speedup or result.accuracy_drop is None:
             return
-        if any(p not in ("fp32", "int8") for _, p in result.plan.precisions):
+        if any(p not in ("fp32", "int8", DYNAMIC) for _, p in result.plan.precisions):
             return
         quantized = [self._index[n] for n, p in result.plan.precisions if p == "int8" and n in self._index]
-        default_knobs = all(
-            value == knob_defaults.get(name) for name, value in result.plan.knobs if name != calibration_knob
-        )
-        features, targets = self.savings[default_knobs]
-        features.append(float(self._shares[quantized].sum()))
-        targets.append(1.0 - 1.0 / result.speedup)
+        dynamic = [self._index[n] for n, p in result.plan.precisions if p == DYNAMIC and n in self._index]
+        if not dynamic:
+            default_knobs = all(
+                value == knob_defaults.get(name) for name, value in result.plan.knobs if name != calibration_knob
+            )
+            features, targets = self.savings[default_knobs]
+            features.append(float(self._shares[quantized].sum()))
+            targets.append(1.0 - 1.0 / result.speedup)
         if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != self._inputs.default_granularity:
             return
-        method = str(result.plan.knob(calibration_knob, knob_defaults.get(calibration_knob)))
+        errors = self._errors(
+            result, knob_defaults, str(result.plan.knob(calibration_knob, knob_defaults.get(calibration_knob)))
+        )
+        dynamic_errors = self._inputs.form_errors(DYNAMIC) if dynamic else None
+        if errors is None or (dynamic and dynamic_errors is None):
+            return
+        feature = float(errors[quantized].sum()) + (
+            float(dynamic_errors[dynamic].sum()) if dynamic_errors is not None else 0.0
+        )
+        self.error_features.append(feature)
+        self.drop_targets.append(result.accuracy_drop)
+
+    def _errors(self, result: TrialResult, knob_defaults: Mapping[str, object], method: str) -> np.ndarray | None:
+        """The single-layer errors of the plan's INT8 layers: its calibration method's, or its scheme's form's."""
+        scheme = result.plan.knob(INT8_SCHEME_KNOB, knob_defaults.get(INT8_SCHEME_KNOB))
+        if scheme != knob_defaults.get(INT8_SCHEME_KNOB):
+            return self._inputs.form_errors(str(scheme)) if method == LAYERWISE else None
         if method not in self.errors_by_method:
             layer_errors = self._inputs.layer_errors(method)
             if layer_errors is None:
-                return
+                return None
             self.errors_by_method[method] = layer_errors
-        self.error_features.append(float(self.errors_by_method[method][quantized].sum()))
-        self.drop_targets.append(result.accuracy_drop)
+        return self.errors_by_method[method]
 
 
 def _prior_drops(

@@ -251,14 +251,31 @@ def test_the_scheme_knob_offers_the_exact_schemes_in_the_probes_order(monkeypatc
     assert tuple(backend.int8_schemes()) == offered
 
 
-def test_the_scheme_knob_is_searched_only_where_the_config_names_it(monkeypatch):
+def test_the_scheme_knob_is_searched_by_default_where_more_than_one_scheme_is_exact(monkeypatch):
     force_verdicts(monkeypatch, {"u8s8"})
-    default = tiny_space()
+    default = tiny_space(forms=True)
+    knob = _scheme_knob(default)
+    assert knob.values == ("u8u8", "u8s7") and knob.seeded  # the saturating u8s8 is never offered
+    assert default.uniform("int8").knob(INT8_SCHEME_KNOB) == "u8u8"  # the probe's first exact scheme by default
+    space = tiny_space(forms=True, knobs={"int8_scheme": ["u8s7"]})
+    assert _scheme_knob(space).values == ("u8s7",)  # a config may still narrow it
+
+
+def test_where_u8s8_is_exact_the_scheme_knob_is_searched_only_where_the_config_names_it(monkeypatch):
+    """VNNI, AMX: u8s8's kernels are the fast ones and its numbers the 8-bit ones; no other scheme can win."""
+    force_verdicts(monkeypatch, set())
+    assert INT8_SCHEME_KNOB not in {knob.name for knob in tiny_space(forms=True).knobs}
+    assert _scheme_knob(tiny_space(forms=True, knobs=ALL_SCHEMES)).values == ("u8s8", "u8u8", "u8s7")
+
+
+def test_the_scheme_knob_is_searched_only_where_the_config_names_it_where_one_scheme_is_exact(monkeypatch):
+    force_verdicts(monkeypatch, {"u8s8", "u8u8"})
+    default = tiny_space(forms=True)
     assert INT8_SCHEME_KNOB not in {knob.name for knob in default.knobs}
     assert INT8_SCHEME_KNOB not in default.uniform("int8").knob_map  # the plans (and hashes) of before the knob
-    space = tiny_space(knobs={"int8_scheme": ["u8s7", "u8u8"]})
-    assert _scheme_knob(space).values == ("u8u8", "u8s7")  # the probe's order, the default first
-    assert space.uniform("int8").knob(INT8_SCHEME_KNOB) == "u8u8"
+    space = tiny_space(knobs={"int8_scheme": ["u8s7"]})
+    assert _scheme_knob(space).values == ("u8s7",)
+    assert space.uniform("int8").knob(INT8_SCHEME_KNOB) == "u8s7"
 
 
 def test_a_config_naming_a_saturating_scheme_is_one_line_naming_the_exact_ones(monkeypatch):
@@ -333,13 +350,14 @@ def test_the_export_records_the_plans_scheme(monkeypatch, tmp_path):
 
 
 def test_a_plan_file_with_a_knob_the_run_does_not_search_is_refused(monkeypatch, tmp_path):
-    force_verdicts(monkeypatch, set())
-    space = tiny_space()
+    force_verdicts(monkeypatch, {"u8s8", "u8u8"})  # one exact scheme: the knob is searched only where named
+    space = tiny_space(forms=True)
     path = tmp_path / "plan.json"
     path.write_text(space.uniform("int8").with_knobs(int8_scheme="u8s7").to_json())
     with pytest.raises(SetupError, match=r"lacks; name them in the config's search.knobs .*int8_scheme: \['u8s7'\]"):
         resolve_plan(str(path), space)
-    assert resolve_plan(str(path), tiny_space(knobs=ALL_SCHEMES)).knob(INT8_SCHEME_KNOB) == "u8s7"
+    named = tiny_space(forms=True, knobs={"int8_scheme": ["u8s7"]})
+    assert resolve_plan(str(path), named).knob(INT8_SCHEME_KNOB) == "u8s7"
 
 
 def test_layerwise_choices_are_made_with_the_scheme_each_plan_runs(monkeypatch, tmp_path):
@@ -363,3 +381,96 @@ def test_layerwise_choices_are_made_with_the_scheme_each_plan_runs(monkeypatch, 
     assert seven_bit is not default and seven_bit.layer_ranges.keys() == default.layer_ranges.keys()
     typed = typed_model(runner, plan)
     assert max(int(np.abs(w).max()) for w in int8_weights(typed.graph)) == 64
+
+
+# ---- int8-dynamic: probed as the static schemes are, offered for MatMul/Gemm only ------------------------------
+
+
+@pytest.mark.int8_numeric
+def test_the_dynamic_probe_finds_what_the_cpu_features_say():
+    """7-bit dynamic weights are exact on every x86 CPU; 8-bit ones only with VNNI or AMX (U8S8 pairs in int32)."""
+    verdicts = int8_kernels.dynamic_verdicts(_probe_session, cache_key="test-dynamic-probe")
+    assert verdicts["dynamic-u8s7"].exact, verdicts["dynamic-u8s7"].describe()
+    features = set(isa_features())
+    if "avx512_vnni" in features:
+        assert verdicts["dynamic-u8s8"].exact and int8_kernels.dynamic_weight_max(verdicts) == 127
+    elif "avx2" in features and not features & VNNI_OR_AMX:
+        assert not verdicts["dynamic-u8s8"].exact, verdicts["dynamic-u8s8"].describe()
+        assert int8_kernels.dynamic_weight_max(verdicts) == 64
+    else:
+        pytest.skip(f"no expectation for INT8 ISA features {sorted(features)}")
+
+
+@pytest.mark.int8_numeric
+@pytest.mark.parametrize("pattern", int8_kernels.DYNAMIC_PATTERNS)
+def test_a_dynamic_kernel_off_by_half_is_saturating(pattern):
+    assert not int8_kernels.probe_dynamic_pattern(pattern, 64, _Halving).exact
+    assert int8_kernels.probe_dynamic_pattern(pattern, 64, _probe_session).exact
+
+
+def _force_dynamic(monkeypatch: pytest.MonkeyPatch, saturating: set[str]) -> None:
+    """Makes the dynamic probe find the forms in ``saturating`` (``dynamic-u8s8``, ...) wrong, the others exact."""
+
+    def forced(pattern, weight_max, session):
+        wrong = int8_kernels.dynamic_name(weight_max) in saturating
+        return PatternResult(pattern, not wrong, 0.494 if wrong else 0.0)
+
+    monkeypatch.setattr(int8_kernels, "probe_dynamic_pattern", forced)
+
+
+@pytest.mark.parametrize(
+    ("saturating", "weight_max"),
+    [(set(), 127), ({"dynamic-u8s8"}, 64), ({"dynamic-u8s8", "dynamic-u8s7"}, None)],
+)
+def test_dynamic_is_offered_for_matmul_and_gemm_with_the_exact_weight_range(monkeypatch, saturating, weight_max):
+    force_verdicts(monkeypatch, {"u8s8"})
+    _force_dynamic(monkeypatch, saturating)
+    backend = OnnxRuntimeCPU(1)
+    capabilities = backend.capabilities()
+    offered = {
+        op for op in ("MatMul", "Gemm", "Conv", "ConvTranspose") if "int8-dynamic" in capabilities.precisions_for(op)
+    }
+    assert offered == (set() if weight_max is None else {"MatMul", "Gemm"})
+    assert capabilities.precisions_for("Conv") == ("fp32", "int8")
+    assert backend.recipe.dynamic_weight_max == (weight_max or 64)
+    assert backend.int8_arithmetic()["dynamic"]["dynamic-u8s8"].startswith(
+        "dynamic-u8s8: saturating" if saturating else "dynamic-u8s8: exact"
+    )
+
+
+def test_dynamic_is_a_uniform_plan_and_no_other_backend_offers_it(monkeypatch):
+    from autotune.config import SearchSpaceConfig
+    from autotune.search.space import build_space
+
+    force_verdicts(monkeypatch, {"u8s8"})
+    _force_dynamic(monkeypatch, {"dynamic-u8s8"})
+    space = tiny_space(forms=True)
+    plan = resolve_plan("int8-dynamic", space)
+    assert set(plan.precision_map.values()) == {"int8-dynamic"}  # tiny_mlp's layers are all MatMuls
+    assert set(resolve_plan("int8", space).precision_map.values()) == {"int8"}
+    # Another backend's capabilities (no int8-dynamic): a config asking for it gets FP32 and INT8 only.
+    from autotune.capabilities import Capabilities
+
+    other = Capabilities(precisions={"MatMul": ("fp32", "int8"), "Gemm": ("fp32", "int8")})
+    layers = space.layers
+    assert all(
+        "int8-dynamic" not in choices
+        for choices in build_space(layers, other, SearchSpaceConfig(precisions=["int8", "int8-dynamic"])).choices
+    )
+
+
+@pytest.mark.int8_numeric
+def test_a_dynamic_plan_builds_with_the_probed_weight_range(tmp_path):
+    loaded, ranges, feeds = _prepared("mlp")
+    backend = OnnxRuntimeCPU(1)
+    backend.prepare(loaded, loaded.layer_names)
+    plan = Plan.make({layer.name: "int8-dynamic" for layer in loaded.layers if layer.op_type == "MatMul"})
+    artifact = backend.build(plan, Quantization(ranges), tmp_path)
+    weights = [numpy_helper.to_array(i) for i in artifact.graph.graph.initializer if i.name.endswith("W_quantized")]
+    assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == backend.recipe.dynamic_weight_max
+    fused = {node.op_type for node in backend.optimized_model(artifact.graph, {}).graph.node}
+    assert "DynamicQuantizeMatMul" in fused and "MatMul" not in fused
+    backend.export(artifact, plan, tmp_path / "export")
+    session = json.loads((tmp_path / "export" / "session.json").read_text())
+    weight_max = backend.recipe.dynamic_weight_max
+    assert session["int8_dynamic_weight_range"] == [-weight_max, weight_max]

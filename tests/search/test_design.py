@@ -194,3 +194,57 @@ def test_the_model_plan_chooses_the_base_the_override_precision_and_the_knobs_wh
     assert model.predict(plan)[1] <= 1.05
     # nothing fits but the floats: the fastest whole-model float plan, its knobs included
     assert model_best_plan(model, space, budget=0.05) == space.uniform("bf16", {"attention": "sdpa"})
+
+
+class _Schemes:
+    """An additive model of ONNX Runtime on an AVX2 CPU: per layer, INT8 in the plan's scheme or dynamic INT8.
+
+    ``u8s7`` (7-bit weights on the fast kernels) saves more than ``u8u8`` and costs more per layer; the dynamic
+    form saves the most and costs the most on the sensitive layers.
+    """
+
+    saving = {("int8", "u8u8"): 0.02, ("int8", "u8s7"): 0.05, ("int8-dynamic", None): 0.07}
+
+    def __init__(self, s7_drop: float, dynamic_drop: dict[str, float]):
+        self.s7_drop, self.dynamic_drop = s7_drop, dynamic_drop
+
+    def predict(self, plan):
+        scheme = plan.knob("int8_scheme")
+        saving = drop = 0.0
+        for name, precision in plan.precisions:
+            if precision == "int8":
+                saving += self.saving[("int8", scheme)]
+                drop += 0.01 if scheme == "u8u8" else self.s7_drop
+            elif precision == "int8-dynamic":
+                saving += self.saving[("int8-dynamic", None)]
+                drop += self.dynamic_drop[name]
+        return 1.0 / (1.0 - saving), drop
+
+
+def _scheme_space(layers: int = 8, dynamic: bool = False) -> SearchSpace:
+    from autotune.capabilities import Knob
+
+    table = _wide_space(layers).layers
+    choices = ("fp32", "int8", "int8-dynamic") if dynamic else ("fp32", "int8")
+    knobs = (Knob("int8_scheme", ("u8u8", "u8s7"), "INT8 scheme", seeded=True),)
+    return SearchSpace(table, tuple(choices for _ in table), knobs)
+
+
+def test_the_model_plan_keeps_the_faster_scheme_within_the_budget():
+    space = _scheme_space()
+    # 7-bit weights cost little more here: all eight layers fit in either scheme, and u8s7 saves more.
+    plan = model_best_plan(_Schemes(s7_drop=0.012, dynamic_drop={}), space, budget=0.1)
+    assert plan.knob("int8_scheme") == "u8s7" and set(plan.precision_map.values()) == {"int8"}
+    # 7-bit weights cost too much: two u8s7 layers (0.10) save less than all eight u8u8 ones (0.16).
+    plan = model_best_plan(_Schemes(s7_drop=0.05, dynamic_drop={}), space, budget=0.1)
+    assert plan.knob("int8_scheme") == "u8u8" and set(plan.precision_map.values()) == {"int8"}
+
+
+def test_the_model_plan_mixes_dynamic_and_static_layers_per_layer():
+    space = _scheme_space(dynamic=True)
+    sensitive = {"mm0", "mm1"}
+    model = _Schemes(s7_drop=0.012, dynamic_drop={f"mm{i}": 1.0 if f"mm{i}" in sensitive else 0.001 for i in range(8)})
+    plan = model_best_plan(model, space, budget=0.05)
+    assert {name for name, p in plan.precisions if p == "int8-dynamic"} == {f"mm{i}" for i in range(2, 8)}
+    assert {name for name, p in plan.precisions if p == "int8"} == sensitive  # the static form where dynamic errs
+    assert plan.knob("int8_scheme") == "u8s7"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autotune.search.driver import Driver, OneByOne
 from autotune.testing import synthetic_evaluator, tiny_space
+from autotune.trial import TrialResult
 
 
 class _Repeating:
@@ -95,7 +96,7 @@ def test_a_search_of_a_space_with_nothing_left_to_measure_stops_promptly():
     from autotune.search.driver import STALLS_PER_PLAN
     from autotune.search.strategies import Random
 
-    space = tiny_space()
+    space = tiny_space(precisions=["int8"])
     one_layer = dataclasses.replace(space, choices=(space.choices[0], *[("fp32",)] * (len(space.choices) - 1)))
     one_layer = one_layer.with_fixed_knobs({knob.name: knob.default for knob in space.knobs})
     harness, measured = _one_by_one(one_layer)
@@ -113,7 +114,33 @@ def test_a_search_of_a_space_with_nothing_left_to_measure_stops_promptly():
 def test_the_stall_rule_is_the_configured_one_in_a_large_space():
     import math
 
-    space = tiny_space()
+    space = tiny_space(precisions=["int8"])
     harness, _ = _one_by_one(space)
     assert space.size == 2**4 * math.prod(len(knob.values) for knob in space.knobs)
     assert Driver(harness, budget=10, stall=5, plans=space.size).stall == 5
+
+
+def test_the_seeded_knob_is_timed_on_the_fastest_int8_seed_with_each_other_value():
+    from autotune.capabilities import Knob
+    from autotune.model import Layer
+    from autotune.search.driver import time_seeded_knobs
+    from autotune.search.space import SearchSpace
+
+    table = tuple(
+        Layer(f"mm{i}", "MatMul", i, (f"x{i}",), f"w{i}", 1, None, f"y{i}", ((8, 8),), (8, 8), 512, 64, i)
+        for i in range(3)
+    )
+    knobs = (
+        Knob("allow_spinning", (True, False)),
+        Knob("int8_scheme", ("u8u8", "u8s7", "u8s8"), seeded=True),
+    )
+    space = SearchSpace(table, tuple(("fp32", "int8", "int8-dynamic") for _ in table), knobs)
+    seeds = [
+        TrialResult(plan=space.uniform("int8"), speedup=1.15, accuracy_drop=0.002),
+        TrialResult(plan=space.uniform("int8-dynamic"), speedup=1.5, accuracy_drop=0.004),  # no INT8 scheme in it
+    ]
+    built = []
+    results = time_seeded_knobs(space, seeds, lambda plans: built.extend(plans) or [])
+    assert results == []
+    assert built == [space.uniform("int8", {"int8_scheme": "u8s7"}), space.uniform("int8", {"int8_scheme": "u8s8"})]
+    assert time_seeded_knobs(space, seeds[1:], lambda plans: built.extend(plans) or []) == []  # no INT8 seed

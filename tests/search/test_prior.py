@@ -3,7 +3,7 @@ import pytest
 
 from autotune.plan import Plan
 from autotune.search.design import model_best_plan, probe_plans
-from autotune.search.estimate import fit_additive, fit_surrogate, ridge_least_squares
+from autotune.search.estimate import ACCURACY_KNOBS, fit_additive, fit_surrogate, ridge_least_squares
 from autotune.search.prior import DEFAULT_DROP_PER_ERROR, DEFAULT_INT8_SAVING, PriorInputs, layer_prior, unsure_groups
 from autotune.testing import tiny_space
 from autotune.trial import TrialResult
@@ -123,3 +123,56 @@ def test_the_int8_scales_ignore_fp16_plans_and_plans_slowed_by_a_knob():
 def test_the_share_map_keeps_only_the_layers_the_profile_timed():
     inputs = PriorInputs(("a", "b", "c"), (0.5, None, 0.2), {}, {}, "cosine")
     assert inputs.share_map() == {"a": 0.5, "c": 0.2}
+
+
+def test_each_int8_form_starts_from_its_own_per_layer_errors():
+    from autotune.capabilities import Knob
+    from autotune.search.space import SearchSpace
+
+    base = tiny_space()
+    names = base.layer_names
+    knobs = (*base.knobs, Knob("int8_scheme", ("u8u8", "u8s7"), seeded=True))
+    space = SearchSpace(base.layers, tuple(("fp32", "int8", "int8-dynamic") for _ in names), knobs)
+    errors = dict(zip(names, (1e-4, 4e-3, 1e-6, 2e-3), strict=True))
+    s7 = dict(zip(names, (3e-4, 9e-3, 1e-5, 2e-3), strict=True))  # fc2's wide weights suffer most from 7 bits
+    dynamic = dict(zip(names, (5e-5, 1e-2, 2e-6, 1e-3), strict=True))
+    inputs = PriorInputs(
+        tuple(names),
+        SHARES,
+        {n: {"layerwise": e} for n, e in errors.items()},
+        dict.fromkeys(names, "layerwise"),
+        "cosine",
+        forms={"u8s7": s7, "int8-dynamic": dynamic},
+    )
+    assert PriorInputs.from_dict(inputs.to_dict()) == inputs
+    defaults = {knob.name: knob.default for knob in space.knobs}
+    defaults["calibration"] = "layerwise"
+    prior = layer_prior(inputs, [], defaults)
+    model = fit_surrogate([], defaults, ACCURACY_KNOBS, prior=prior, layer_names=names)
+    layerwise = {"calibration": "layerwise"}
+    for name in names:
+        u8u8 = space.plan({name: "int8"}, layerwise)
+        u8s7 = space.plan({name: "int8"}, {**layerwise, "int8_scheme": "u8s7"})
+        dyn = space.plan({name: "int8-dynamic"}, layerwise)
+        assert model.predict(u8u8)[1] == pytest.approx(0.5 * errors[name])
+        assert model.predict(u8s7)[1] == pytest.approx(0.5 * s7[name])
+        assert model.predict(dyn)[1] == pytest.approx(0.5 * dynamic[name])
+    # a dynamic plan's drop point uses the dynamic errors: the fitted scale stays what these trials say
+    trial = TrialResult(
+        plan=space.plan(dict.fromkeys(names, "int8-dynamic"), layerwise), speedup=1.5, accuracy_drop=0.0264
+    )
+    assert layer_prior(inputs, [trial], defaults).drop_per_error == pytest.approx(0.0264 / sum(dynamic.values()))
+
+
+def test_a_layer_the_forms_allowance_did_not_reach_takes_the_forms_ratio_to_its_layerwise_error():
+    names = ("a", "b", "c")
+    inputs = PriorInputs(
+        names,
+        (0.3, 0.3, 0.4),
+        {n: {"layerwise": e} for n, e in zip(names, (1e-4, 2e-4, 4e-4), strict=True)},
+        dict.fromkeys(names, "layerwise"),
+        "cosine",
+        forms={"u8s7": {"a": 3e-4, "b": 6e-4}},  # 3x the layerwise errors where measured
+    )
+    assert inputs.form_errors("u8s7") == pytest.approx([3e-4, 6e-4, 12e-4])
+    assert inputs.form_errors("int8-dynamic") is None
