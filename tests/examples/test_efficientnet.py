@@ -83,7 +83,7 @@ def test_the_shipped_config_exports_the_model_that_the_factory_builds(tmp_path):
 
     config = load_config(
         ROOT / "configs" / "efficientnet-cpu.yaml",
-        [f"cache_dir={tmp_path}", "data.evaluation.kwargs.limit=1"],
+        [f"cache_dir={tmp_path}", "data.evaluation.kwargs.limit=1", "backend.name=onnxruntime"],  # not the auto choice
     )
     # exported with torch.onnx.export on first use, cached under cache_dir
     model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)

@@ -21,7 +21,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
-    config = load_config("configs/minilm-cpu.yaml", [f"cache_dir={tmp_path_factory.mktemp('cache')}"])
+    overrides = [f"cache_dir={tmp_path_factory.mktemp('cache')}", "backend.name=onnxruntime"]  # not the auto choice
+    config = load_config("configs/minilm-cpu.yaml", overrides)
     return load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
 
 

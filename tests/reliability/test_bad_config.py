@@ -23,7 +23,7 @@ CASES = {
     "zero timeout": (["backend.timeout_s=0"], ["backend.timeout_s: Input should be greater than 0"]),
     "unknown backend": (
         ["backend.name=onnxrutime"],
-        ["backend.name: Input should be 'onnxruntime', 'openvino', 'tensorrt' or"],
+        ["backend.name: Input should be 'auto', 'onnxruntime', 'openvino', 'tensorrt' or"],
     ),
     "unknown precision": (["search.precisions=[int4]"], ["search.precisions.0: Input should be 'fp32'"]),
     "bad layer regex": (["search.include_layers=fc[1"], ["search.include_layers: Value error, not a valid regular"]),
