@@ -100,6 +100,11 @@ class Protocol:
         return max(self.rounds, self.max_rounds if self.max_rounds is not None else 4 * self.rounds)
 
 
+FEWEST_QUIET_ROUNDS = 3
+"""At its round limit, a measurement whose every plan has this many quiet rounds (fewer than ``Protocol.rounds``)
+counts them rather than timing each plan by its fastest runs: on a VM whose pace drifts by tens of per cent over
+seconds, ten plans side by side found 16 quiet rounds each in 64 less often than 3 (docs/measurement.md)."""
+
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
 
@@ -448,9 +453,10 @@ def _counted(
         pace: The process's reference pace.
         limit: The rounds after which it stops, quiet or not (``Protocol.round_limit``, more after a back-off).
 
-    It stops once every candidate has ``protocol.rounds`` quiet rounds (``_quiet_rows``) and the process has
-    settled. At ``limit`` (settled) with fewer, it returns no rounds and not quiet: the caller backs off and times
-    on, or times each runner by its fastest runs (``_from_floors``).
+    It stops once every candidate has ``protocol.rounds`` quiet rounds (``quiet_rows``) and the process has
+    settled. At ``limit`` (settled) it counts the quiet rounds it has where every candidate has
+    ``FEWEST_QUIET_ROUNDS``; with fewer, it returns no rounds and not quiet: the caller backs off and times on, or
+    times each runner by its fastest runs (``_from_floors``).
     """
     timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
@@ -460,6 +466,8 @@ def _counted(
         return shared_rows(rows, protocol.rounds), True
     if timed < limit:
         return None
+    if min(map(len, rows)) >= min(protocol.rounds, FEWEST_QUIET_ROUNDS):  # fewer than asked, but quiet ones
+        return shared_rows(rows, min(map(len, rows))), True
     return _none(medians), False
 
 

@@ -789,3 +789,14 @@ def test_a_pace_from_minutes_ago_does_not_make_a_steadily_slower_machine_a_spell
     recent.add(2.0, 10.0)  # the same step within the last minute is a spell
     spell = interleaved(lambda: 1.15, lambda: 2.3, protocol, self_timed=True, pace=recent)
     assert not spell.busy.quiet and spell.busy.slower_by == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize(("quiet_rounds", "quiet"), [(3, True), (2, False)])
+def test_at_its_limit_a_measurement_counts_a_few_quiet_rounds_rather_than_the_fastest_runs(quiet_rounds, quiet):
+    # A machine whose pace drifts: only ``quiet_rounds`` of 8 rounds ran at the reference's pace; the plan is 2x.
+    drift = [1.0] * quiet_rounds + [1.3] * (8 - quiet_rounds)
+    reference, candidate = _slowed_by_round(lambda n: 2.0 * drift[n - 1], lambda n: 1.0 * drift[n - 1])
+    protocol = Protocol(warmup=0, repeats=1, rounds=8, settle_s=0.0, max_rounds=8, spell_patience_s=0.0, **UNWAITED)
+    latency = interleaved(candidate, reference, protocol, self_timed=True)
+    assert latency.busy.quiet is quiet and latency.busy.rounds == 8
+    assert len(latency.round_speedups) == (quiet_rounds if quiet else 8) and latency.speedup == pytest.approx(2.0)

@@ -392,10 +392,10 @@ class _Agent:
         self.model.set_env(self.real)
         self.model.learn(self.rollout, callback=callback, reset_num_timesteps=self.fresh, log_interval=1)
         self.fresh = False
-        if self.driver.builds > builds:
+        if 2 * (self.driver.builds - builds) >= self.rollout_episodes:
             self.idle_rollouts = 0
             return
-        # Every plan of the rollout was built already: the policy has converged on what the store holds, and its
+        # Most plans of the rollout were built already: the policy has converged on what the store holds, and its
         # next rollouts would be store hits too. The planner's unbuilt plans take their place for a while.
         self.idle_rollouts += 1
         self.skip_rollouts = min(MAX_SKIPPED_ROLLOUTS, 2 ** (self.idle_rollouts - 1))
