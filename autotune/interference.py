@@ -30,6 +30,10 @@ SHARE_MIN_S = 0.5
 """The shortest span whose share of core time is read: 50 of the kernel's 10 ms ticks per core."""
 TICK_SLACK = 1.5
 """Ticks per core by which the kernel's tick-sampled core time of a span may miss this process's exact CPU time."""
+OTHERS_FLOOR = 0.05
+"""The least share of the cores other work must take over a round for a wait in it to be theirs: a VM's host and
+kernel threads take a per cent or two of an idle machine, which over a round of seconds is more than any tick slack,
+while a busy process beside the timed threads takes a third of two cores or more."""
 OTHERS_PER_WAIT = 0.25
 """The least core time other work takes, per second this process's threads waited, for the wait to be theirs: a
 process that holds one core keeps up to all of our threads waiting on it (two here), and a share of its time falls
@@ -114,15 +118,16 @@ class Reading:
         host a while, and the engine's threads wake every run; an idle VM read such waits in nearly every round
         (docs/measurement.md#quiet-rounds). Another process that keeps a thread of ours from a core runs on that core
         meanwhile, so its core time covers a good part of the wait (``OTHERS_PER_WAIT``); the kernel counts core time
-        in ticks, so less than ``TICK_SLACK`` ticks per core is no other work at all.
+        in ticks, so less than ``TICK_SLACK`` ticks per core is no other work at all, and less than ``OTHERS_FLOOR``
+        of the cores is the machine's own background.
         """
         if self.waited <= allowance:
             return False
         others_s = self.others_cpu_s()
         if others_s is None:
             return True
-        slack = TICK_SLACK * cores / _TICKS_PER_S
-        return others_s > slack and others_s >= OTHERS_PER_WAIT * self.waited * self.wall_s
+        floor = max(TICK_SLACK * cores / _TICKS_PER_S, OTHERS_FLOOR * cores * self.wall_s)
+        return others_s > floor and others_s >= OTHERS_PER_WAIT * self.waited * self.wall_s
 
 
 class Sampler:

@@ -89,6 +89,9 @@ def test_a_wait_with_no_other_work_on_the_cores_is_the_process_waking_its_own_th
     # Core time within the kernel's tick sampling of our own is no other work.
     within_ticks = Reading(wall_s=0.2, others=None, waited=0.4, others_s=TICK_SLACK * 2 / 100 * 0.9)
     assert not within_ticks.waited_for_others(0.1, cores=2)
+    # A long round of an idle VM: its host and kernel threads took 2 % of the cores, less than any busy process.
+    assert not Reading(wall_s=7.5, others=None, waited=0.2, others_s=0.02 * 2 * 7.5).waited_for_others(0.1, cores=2)
+    assert Reading(wall_s=7.5, others=None, waited=0.2, others_s=0.3 * 2 * 7.5).waited_for_others(0.1, cores=2)
     # A wait within the allowance is no contention, whatever else ran; no reading of the others: the wait decides.
     assert not Reading(wall_s=0.2, others=None, waited=0.05, others_s=0.3).waited_for_others(0.1, cores=2)
     assert Reading(wall_s=0.2, others=None, waited=0.4).waited_for_others(0.1, cores=2)
