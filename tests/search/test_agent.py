@@ -342,38 +342,12 @@ def test_the_pace_counts_the_time_of_builds_side_by_side():
     assert pace.build_s == pytest.approx(3.0) and pace.agent_s == pytest.approx(0.0)
 
 
-def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_yet(tmp_path):
-    # The store answers a repeated plan without a build: a converged policy stalls, and the run must still spend
-    # its budget on plans the model of the trials rates best, ending early only when those run out too.
-    space = tiny_space()
-    evaluate = synthetic_evaluator(space)
-    measured: dict[str, object] = {}
+def _train_on_a_store(tmp_path, budget: dict, ppo: dict) -> tuple[dict, int]:
+    """The agent trained with the planner on ``_FixedModel`` over a store that answers repeated plans without a build.
 
-    def stored(plan):
-        if plan.hash not in measured:
-            measured[plan.hash] = evaluate(plan)
-        return measured[plan.hash]
-
-    config = tiny_config(
-        tmp_path,
-        budget={"builds": 12, "stall_episodes": 1},
-        ppo={"episodes_per_update": 2, "imagined_episodes": 2},
-        planner={"probe_plans": False, "build_model_plan": True},
-    )
-    model = _FixedModel()
-    train(
-        config,
-        space,
-        _driver(config, stored, lambda: len(measured)),
-        _paths(tmp_path),
-        TrialModels(surrogate=lambda: model, measured=lambda: set(measured)),
-    )
-    assert len(measured) == 12
-
-
-def test_a_converged_policy_pauses_its_rollouts_so_store_hits_stay_few_per_build(tmp_path):
-    # The demo's run answered 2,298 plans from the store in 40 builds: a policy that proposes what is built already
-    # must hand its turns to the planner's plans not built yet, not roll out store hits until the stall rule ends it.
+    Returns:
+        The plans measured (hash to result), and how many plans the agent asked for, repeats included.
+    """
     space = tiny_space()
     evaluate = synthetic_evaluator(space)
     measured: dict[str, object] = {}
@@ -385,12 +359,7 @@ def test_a_converged_policy_pauses_its_rollouts_so_store_hits_stay_few_per_build
             measured[plan.hash] = evaluate(plan)
         return measured[plan.hash]
 
-    config = tiny_config(
-        tmp_path,
-        budget={"builds": 14, "stall_episodes": 400},
-        ppo={"episodes_per_update": 4, "imagined_episodes": 4},
-        planner={"probe_plans": False, "build_model_plan": True},
-    )
+    config = tiny_config(tmp_path, budget=budget, ppo=ppo, planner={"probe_plans": False, "build_model_plan": True})
     model = _FixedModel()
     train(
         config,
@@ -399,5 +368,23 @@ def test_a_converged_policy_pauses_its_rollouts_so_store_hits_stay_few_per_build
         _paths(tmp_path),
         TrialModels(surrogate=lambda: model, measured=lambda: set(measured)),
     )
-    hits = calls["n"] - len(measured)
+    return measured, calls["n"]
+
+
+def test_a_stalled_policy_hands_the_budget_left_to_the_models_plans_not_built_yet(tmp_path):
+    # The store answers a repeated plan without a build: a converged policy stalls, and the run must still spend
+    # its budget on plans the model of the trials rates best, ending early only when those run out too.
+    measured, _ = _train_on_a_store(
+        tmp_path, {"builds": 12, "stall_episodes": 1}, {"episodes_per_update": 2, "imagined_episodes": 2}
+    )
+    assert len(measured) == 12
+
+
+def test_a_converged_policy_pauses_its_rollouts_so_store_hits_stay_few_per_build(tmp_path):
+    # The demo's run answered 2,298 plans from the store in 40 builds: a policy that proposes what is built already
+    # must hand its turns to the planner's plans not built yet, not roll out store hits until the stall rule ends it.
+    measured, asked = _train_on_a_store(
+        tmp_path, {"builds": 14, "stall_episodes": 400}, {"episodes_per_update": 4, "imagined_episodes": 4}
+    )
+    hits = asked - len(measured)
     assert len(measured) == 14 and hits <= 14, hits  # a rollout of store hits pauses the next ones (23 without)
