@@ -9,7 +9,7 @@ usage: bash tools/offline/cpu_bench.sh [--dry-run] SECONDS BENCH_ARGS ...
 On a server without network access, in a copy of the checkout that holds .whl/ and .device/minilm from
 tools/offline/prepare.sh: installs the wheels (tools/offline/install.sh), then runs bench/run.py BENCH_ARGS for
 at most SECONDS, stopped cleanly (SIGINT) at the limit. Its run directories are packed into $OUT/results.tgz
-(default OUT /tmp/out, exported models left out), with the machine's description in machine.txt and the log in
+(default OUT runs/offline, under the repository root, exported models left out), with the machine's description in machine.txt and the log in
 bench.log. Calling it again resumes every run; on a fresh copy, RESUME_FROM=FILE.tgz first unpacks the
 results.tgz an earlier call wrote.
 
@@ -35,7 +35,7 @@ fi
 cd "$(dirname "$0")/../.."  # the repository root, wherever this is called from
 seconds=$1
 shift
-out=${OUT:-/tmp/out}
+out=${OUT:-runs/offline}
 results=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--out") + 1])' "$@")
 if ((dry_run)); then
     echo "bash tools/offline/install.sh"

@@ -12,7 +12,7 @@ on each config, MiniLM's weights read from .device/minilm. SECONDS is one time l
 each run gets what the runs before it left, and none starts after it; a run stopped by the limit keeps its trials
 (SIGINT, as Ctrl-C) and `autotune resume` continues it.
 
-Writes into $OUT (default /tmp/out): every run directory under runs/ (exported weights left out, to keep the
+Writes into $OUT (default runs/offline, under the repository root): every run directory under runs/ (exported weights left out, to keep the
 folder small to copy back), each run's log as <name>.log, and the rows of every run in gpu.json and gpu.md.
 
   e.g. bash tools/offline/gpu_tune.sh 550 configs/minilm-gpu-b64.yaml --set budget.builds=8 \
@@ -34,7 +34,7 @@ if (($# < 2)); then
     exit 2
 fi
 cd "$(dirname "$0")/../.."  # the repository root, wherever this is called from
-out=${OUT:-/tmp/out}
+out=${OUT:-runs/offline}
 seconds=$1
 shift
 if ((dry_run)); then
