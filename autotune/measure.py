@@ -103,7 +103,7 @@ class Protocol:
 FEWEST_QUIET_ROUNDS = 3
 """At its round limit, a measurement whose every plan has this many quiet rounds (fewer than ``Protocol.rounds``)
 counts them rather than timing each plan by its fastest runs: on a VM whose pace drifts by tens of per cent over
-seconds, ten plans side by side found 16 quiet rounds each in 64 less often than 3 (docs/measurement.md)."""
+seconds, a confirmation of ten plans found no 16 quiet rounds each in 64 (docs/measurement.md#quiet-rounds)."""
 
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
