@@ -5,7 +5,7 @@ Importing autotune does not import TensorRT, PyTorch or ONNX Runtime; backends l
 
 from typing import Any
 
-from autotune.config import ConfigError, TuneConfig, load_config
+from autotune.config.schema import ConfigError, TuneConfig, load_config
 from autotune.plan import Plan
 
 __version__ = "0.1.0"

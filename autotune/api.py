@@ -11,16 +11,16 @@ import numpy as np
 import onnx
 
 from autotune.backends import BuildError, backend_class, get_backend
-from autotune.config import TuneConfig
+from autotune.config.schema import TuneConfig
 from autotune.data import load_dataset
 from autotune.harness import Evaluator, SetupError, load_model, prepare_backend, search_space, with_runtime_shares
 from autotune.harness.runtime_choice import choose_runtime
-from autotune.harness.selfcheck import say
+from autotune.measure.selfcheck import say
 from autotune.metrics import check_labels
-from autotune.model import LoadedModel, factory_module
+from autotune.model.layers import LoadedModel, factory_module
 from autotune.plan import PRECISIONS, Plan
+from autotune.run.store import TrialStore
 from autotune.search.space import SearchSpace
-from autotune.store import TrialStore
 
 
 def analyze(
@@ -227,7 +227,7 @@ def evaluate_side_by_side(
 ) -> list[dict[str, Any]]:
     """Builds several plans in one trial process and times them against FP32 in the same rounds.
 
-    Every round times FP32 and each plan in turn (``autotune.measure.side_by_side``), so the plans are compared
+    Every round times FP32 and each plan in turn (``autotune.measure.timing.side_by_side``), so the plans are compared
     seconds apart, not across the minutes of machine drift between one plan's measurement and the next; one
     process means one warm-up, one data load, one calibration.
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import api
-from autotune.autoconfig import (
+from autotune.config.auto import (
     DEFAULT_ACCURACY_BUDGET,
     DEFAULT_BATCH,
     DEFAULT_METRIC,
@@ -22,14 +22,14 @@ from autotune.autoconfig import (
     draft_config,
     parse_shapes,
 )
-from autotune.config import ConfigError, TuneConfig, apply_overrides, dump_config, load_config, parse_config
+from autotune.config.schema import ConfigError, TuneConfig, apply_overrides, dump_config, load_config, parse_config
 from autotune.confirm import export_ranked
-from autotune.files import atomic_write
 from autotune.harness.process import LOG_FORMAT
 from autotune.headline import headline_lines
-from autotune.interference import Busy
-from autotune.noise import compare_rounds
+from autotune.measure.confidence import compare_rounds
+from autotune.measure.interference import Busy
 from autotune.plan import PRECISIONS
+from autotune.run.files import atomic_write
 from autotune.search.registry import STRATEGIES
 from autotune.tune import tune
 
@@ -129,7 +129,7 @@ def _one_liners() -> str:
 
 def _inspect(args: argparse.Namespace) -> int:
     from autotune.harness.runtime_choice import choose_runtime
-    from autotune.harness.selfcheck import say
+    from autotune.measure.selfcheck import say
 
     config, _ = choose_runtime(_load(args), say=say, timed=False)  # backend auto: shown on ONNX Runtime
     model, space = api.analyze(config)
@@ -294,7 +294,7 @@ def _override_run_config(run_dir: Path, overrides: list[str]) -> None:
     Raises:
         ConfigError: A key outside ``RESUMABLE_SECTIONS``, or a bad value (nothing is written then).
     """
-    from autotune.rundir import RunDir
+    from autotune.run.directory import RunDir
 
     for override in overrides:
         key = override.split("=", 1)[0].strip()
@@ -309,8 +309,8 @@ def _override_run_config(run_dir: Path, overrides: list[str]) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from autotune.harness import Evaluator
-    from autotune.rundir import RunDir
-    from autotune.store import TrialStore
+    from autotune.run.directory import RunDir
+    from autotune.run.store import TrialStore
 
     run, config = RunDir.open(args.run_dir)
     with TrialStore(run.store) as store, Evaluator(config, store) as evaluator:
@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from autotune.extras import MissingExtra
     from autotune.harness import SetupError
     from autotune.interrupt import SIGTERM_EXIT_CODE, Terminated, sigterm_interrupts
-    from autotune.store import StoreError
+    from autotune.run.store import StoreError
 
     try:
         with sigterm_interrupts():  # `kill` or `timeout` stops a run as Ctrl-C does: its time and agent are kept

@@ -11,28 +11,28 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import searching_references
-from autotune.config import ConfigError, ConfirmConfig, FinalistRule
-from autotune.files import write_json
+from autotune.config.schema import ConfigError, ConfirmConfig, FinalistRule
 from autotune.harness import Evaluator
 from autotune.harness.deadline import MIN_CONFIRM_ROUNDS, ConfirmationSize
 from autotune.harness.identity import KEY_META
 from autotune.harness.runner import SLOW_PLAN_FACTOR
-from autotune.harness.selfcheck import (
+from autotune.harness.sequential import scoring_counts
+from autotune.headline import headline_fields, headline_lines
+from autotune.measure.selfcheck import (
     check_confirmation_timing,
     confirmation_noise,
     say,
     summary_fields,
 )
-from autotune.harness.sequential import scoring_counts
-from autotune.headline import headline_fields, headline_lines
 from autotune.plan import INT8_SCHEME_KNOB, KnobValue, Plan
-from autotune.rundir import RunDir
-from autotune.runmeta import RunMeta
+from autotune.run.directory import RunDir
+from autotune.run.files import write_json
+from autotune.run.meta import RunMeta
+from autotune.run.store import TrialStore
+from autotune.run.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 from autotune.search.estimate import ACCURACY_KNOBS, fit_surrogate
 from autotune.search.reward import meets_budget
 from autotune.search.select import confirmation_order, expected_speedups, profile_speedups, ranking
-from autotune.store import TrialStore
-from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 
 
 def confirm(

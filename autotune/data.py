@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.config import DataSource
-from autotune.model import InputSpec, resolve_callable
+from autotune.config.schema import DataSource
+from autotune.model.layers import InputSpec, resolve_callable
 
 LABELS = "labels"
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.run.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 from autotune.search.reward import meets_budget
-from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio
 
 FP32 = "fp32"
 """The name FP32 goes by among the alternatives."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.model import resolve_callable
+from autotune.model.layers import resolve_callable
 
 SNR_CAP_DB = 100.0
 """SNR of identical outputs is infinite; capping it keeps drops finite (the reference scores the cap)."""

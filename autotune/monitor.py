@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from autotune.config import TuneConfig
+from autotune.config.schema import TuneConfig
+from autotune.run.trial import TrialResult
 from autotune.search.reward import meets_budget, reward
-from autotune.trial import TrialResult
 
 CUSTOM_SCALARS = {
     "reward": {

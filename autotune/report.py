@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.config import TuneConfig
-from autotune.files import atomic_write
+from autotune.config.schema import TuneConfig
 from autotune.headline import headline_lines
-from autotune.rundir import RunDir
+from autotune.run.directory import RunDir
+from autotune.run.files import atomic_write
+from autotune.run.store import TrialStore
+from autotune.run.trial import TrialResult
 from autotune.search.estimate import fit_additive
 from autotune.search.reward import meets_budget, reward
 from autotune.search.select import pareto_front, ranking
-from autotune.store import TrialStore
-from autotune.trial import TrialResult
 
 FIGURE_SIZE = (8.0, 5.0)
 DPI = 100

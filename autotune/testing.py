@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.config import TuneConfig, parse_config
+from autotune.config.schema import TuneConfig, parse_config
 
 
 def tiny_mlp(
@@ -364,7 +364,7 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
             "busy_others": None,
         },
         # A model timed in microseconds reads FP32 against itself far from 1 in one round: the timing
-        # self-check is tested on its own (tests/harness/test_selfcheck.py), not in every tiny run.
+        # self-check is tested on its own (tests/measure/test_selfcheck.py), not in every tiny run.
         "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
         "accuracy_budget": 0.02,
         "budget": {"builds": 10},
@@ -416,7 +416,7 @@ def synthetic_evaluator(
     Returns:
         ``evaluate(plan) -> TrialResult`` with an attribute ``calls`` counting evaluations.
     """
-    from autotune.trial import TrialResult
+    from autotune.run.trial import TrialResult
 
     rng = np.random.default_rng(seed)
     savings = dict(zip(space.layer_names, rng.uniform(0.02, 0.2, len(space.layer_names)), strict=True))
@@ -460,8 +460,8 @@ def tiny_space(capabilities: Any = None, forms: bool = False, **search: Any) -> 
     import dataclasses
 
     from autotune.backends.onnxruntime import OnnxRuntimeCPU
-    from autotune.config import SearchSpaceConfig
-    from autotune.model import InputSpec, prepare_model
+    from autotune.config.schema import SearchSpaceConfig
+    from autotune.model.layers import InputSpec, prepare_model
     from autotune.plan import INT8_SCHEME_KNOB
     from autotune.search.space import build_space
 
@@ -567,7 +567,7 @@ def tiny_torch_config(root: Path, name: str = "tiny-torch", device: str = "cpu",
             "busy_others": None,
         },
         # A model timed in microseconds reads FP32 against itself far from 1 in one round: the timing
-        # self-check is tested on its own (tests/harness/test_selfcheck.py), not in every tiny run.
+        # self-check is tested on its own (tests/measure/test_selfcheck.py), not in every tiny run.
         "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
         "accuracy_budget": 0.02,
         "budget": {"builds": 6},

@@ -10,9 +10,8 @@ from typing import Any
 
 from autotune.api import analyze, check_data, references
 from autotune.backends import searching_references
-from autotune.config import ConfigError, TuneConfig
+from autotune.config.schema import ConfigError, TuneConfig
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
-from autotune.files import write_json
 from autotune.harness import Evaluator
 from autotune.harness.deadline import RunDeadline, TrialCosts
 from autotune.harness.earlier_runs import import_runs
@@ -22,7 +21,8 @@ from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import confirmation_protocol
 from autotune.harness.runtime_choice import RuntimeChoice, choose_runtime
-from autotune.harness.selfcheck import (
+from autotune.measure.interference import Busy
+from autotune.measure.selfcheck import (
     bar_line,
     bar_order,
     check_search_timing,
@@ -31,19 +31,19 @@ from autotune.harness.selfcheck import (
     say,
     with_measured_noise,
 )
-from autotune.interference import Busy
-from autotune.model import LoadedModel
+from autotune.model.layers import LoadedModel
 from autotune.monitor import RunMonitor
 from autotune.plan import PRECISIONS, KnobValue, Plan
-from autotune.rundir import RunDir
-from autotune.runmeta import RunMeta
+from autotune.run.directory import RunDir
+from autotune.run.files import write_json
+from autotune.run.meta import RunMeta
+from autotune.run.store import TrialStore
+from autotune.run.trial import TrialResult
 from autotune.search.agent import AgentPaths, TrialModels
 from autotune.search.driver import Driver
 from autotune.search.estimate import RefittedEstimates
 from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.space import SearchSpace
-from autotune.store import TrialStore
-from autotune.trial import TrialResult
 
 
 class MonitoredHarness:
@@ -104,9 +104,12 @@ def search(
     Raises:
         ConfigError: The strategy is unknown.
     """
+    from envs.engine_build import EngineBuildEnv  # the agent's env: gymnasium loads only for a search that runs
+
     paths = None if run is None else AgentPaths(run.tensorboard, run.checkpoints, resume)
     models = lambda seeded: _trial_models(config, seeded, evaluator)  # noqa: E731
-    return run_strategy(strategy, driver, space, SearchInputs(config, driver.workers, models, paths))
+    inputs = SearchInputs(config, driver.workers, models, paths, make_env=EngineBuildEnv)
+    return run_strategy(strategy, driver, space, inputs)
 
 
 def _trial_models(config: TuneConfig, space: SearchSpace, evaluator: Evaluator) -> TrialModels:

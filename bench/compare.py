@@ -12,7 +12,7 @@ the protocol:
 
 - the spread of that strategy's runs (half the range of their speedups, relative to the median), and
 - the FP32 plan re-measured against itself, in the stored benchmark and in the new one
-  (``autotune.noise.SelfCheck.noise``: its distance from 1 and half the spread of its rounds): what one
+  (``autotune.measure.confidence.SelfCheck.noise``: its distance from 1 and half the spread of its rounds): what one
   measurement may be off by. A fall inside it is a tie, not a regression.
 
 A strategy whose runs all missed the budget, or that failed where the stored one succeeded, is a regression too.
@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from autotune.noise import SelfCheck
+from autotune.measure.confidence import SelfCheck
 
 MIN_NOISE = 0.02
 """A floor for the allowed fall: a benchmark of one seed per strategy still measures with some noise."""

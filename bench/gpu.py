@@ -11,7 +11,7 @@ Usage (on the GPU machine, from the repository root; on a server without network
 log in ``OUT/<name>.log``, stopped as by ``timeout -s INT`` at what is left of ``--time-limit``; from its
 ``summary.json`` and trial store: FP32, the one-liners and the winner in both timings (one launch at a time;
 launches back to back), the winner over the fastest one-liner within the accuracy budget
-(``autotune.trial.ratio``), the set-up seconds and the builds.
+(``autotune.run.trial.ratio``), the set-up seconds and the builds.
 
 ``plans``: a ``TrialRunner`` in this process builds the plans of the specs and the backend's one-liners and times
 them side by side against FP32 on the held-out split with the confirmation protocol, back to back too
@@ -188,8 +188,8 @@ def winner_over_one_liners(winner: Any, one_liners: dict[str, Any], accuracy_bud
     Returns:
         Timing -> ``{"ratio": float | None, "one_liner": name | None}``.
     """
+    from autotune.run.trial import TIMINGS, ratio
     from autotune.search.reward import meets_budget
-    from autotune.trial import TIMINGS, ratio
 
     within = {name: result for name, result in one_liners.items() if meets_budget(result, accuracy_budget)}
     figures = {}
@@ -203,7 +203,7 @@ def winner_over_one_liners(winner: Any, one_liners: dict[str, Any], accuracy_bud
 def tune_table(summary: dict[str, Any]) -> dict[str, Any]:
     """The rows (FP32, each one-liner, the winner) and figures of a tuning run's ``summary.json``."""
     from autotune.plan import Plan
-    from autotune.trial import TrialResult
+    from autotune.run.trial import TrialResult
 
     fields = {field.name for field in dataclasses.fields(TrialResult)} - {"plan", "from_store"}
 
@@ -225,8 +225,8 @@ def tune_table(summary: dict[str, Any]) -> dict[str, Any]:
 
 def build_times(store_path: Path) -> dict[str, Any]:
     """The build seconds of a run's own trials (not imported ones): fewest, most, the compile share; its set-up."""
-    from autotune.runmeta import RunMeta
-    from autotune.store import TrialStore
+    from autotune.run.meta import RunMeta
+    from autotune.run.store import TrialStore
 
     with TrialStore(store_path) as store:
         imported, meta = store.imported(), RunMeta.read(store)  # a run cut before its summary has its set-up here
@@ -361,8 +361,8 @@ def tune_command(config_path: str, overrides: Sequence[str]) -> list[str]:
 
 def run_tune(record: dict[str, Any], args: argparse.Namespace, results: dict[str, Any]) -> None:
     """One tuning run in a child process; then its rows from ``summary.json``, its build times from the store."""
-    from autotune.config import load_config
-    from autotune.rundir import RunDir
+    from autotune.config.schema import load_config
+    from autotune.run.directory import RunDir
 
     overrides = [f"runs_dir={(args.out / 'runs').resolve()}", *record["overrides"]]
     config = load_config(record["path"], overrides)
@@ -386,7 +386,7 @@ def run_tune(record: dict[str, Any], args: argparse.Namespace, results: dict[str
 
 def made_run(path: Path) -> dict[str, Any]:
     """``tune``'s record of a run already made: a run directory, or a ``summary.json`` kept from one."""
-    from autotune.rundir import RunDir
+    from autotune.run.directory import RunDir
 
     record: dict[str, Any] = dict(kind="tune", config=path.stem if path.is_file() else path.name, path=str(path))
     record["rows"] = []
@@ -404,7 +404,7 @@ def made_run(path: Path) -> dict[str, Any]:
 def run_plans(record: dict[str, Any], args: argparse.Namespace, results: dict[str, Any]) -> None:
     """The plan specs and the one-liners of one config, measured side by side in this process."""
     from autotune.backends.base import DEVICE_OWNER_ENV
-    from autotune.config import load_config
+    from autotune.config.schema import load_config
     from autotune.harness.runner import CONFIRMATION_SPLIT, TrialRunner, confirmation_protocol
     from autotune.plan import Plan
 

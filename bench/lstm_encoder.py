@@ -10,7 +10,7 @@ which writes one ONNX ``LSTM`` per layer) with random samples (``x``, samples fi
 
     autotune evaluate MODEL.onnx --data SAMPLES.npz --plan int8 --plan ort-dynamic --json
 
-in which every round times FP32 and each plan in turn (``autotune.measure.side_by_side``). ``int8`` is our plan
+in which every round times FP32 and each plan in turn (``autotune.measure.timing.side_by_side``). ``int8`` is our plan
 with every layer INT8 that the backend offers it for (the LSTMs as ``DynamicQuantizeLSTM``, the projection as
 an integer MatMul); ``ort-dynamic`` is ONNX Runtime's ``quantize_dynamic`` on the same op types. The metric is the
 embeddings' cosine to FP32's (the data has no labels). Prints one line per plan: latency, speedup over FP32 in

@@ -8,7 +8,7 @@ is built as a run of the config on that backend builds it, its calibration from 
 In one process, on the config's held-out batches, with the config's threads: ONNX Runtime's FP32 session (the
 clock), its exported winner (the session options of its ``session.json`` and plan), OpenVINO's FP32 model (f32
 hint), OpenVINO's exported winner (``openvino.json``'s properties), and the OpenVINO references named, built as
-the OpenVINO backend builds them. All are timed in the same rounds, the order rotating (``autotune.measure.
+the OpenVINO backend builds them. All are timed in the same rounds, the order rotating (``autotune.measure.timing.
 side_by_side``): every figure is a ratio to ONNX Runtime FP32 in the same rounds, so two rows compare directly.
 Each row's drop is ``1 - cosine`` of its outputs to ONNX Runtime FP32's, on the same batches.
 """
@@ -25,10 +25,10 @@ import onnx
 
 from autotune.backends.onnxruntime import OnnxRuntimeCPU
 from autotune.backends.openvino import OpenVINOCPU
-from autotune.config import load_config
+from autotune.config.schema import load_config
 from autotune.data import load_dataset
 from autotune.harness.prepare import load_model
-from autotune.measure import Protocol, side_by_side
+from autotune.measure.timing import Protocol, side_by_side
 from autotune.metrics import cosine
 from autotune.plan import Plan
 

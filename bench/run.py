@@ -35,11 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from autotune import api
-from autotune.config import TuneConfig, load_config
-from autotune.noise import compare_rounds
+from autotune.config.schema import TuneConfig, load_config
+from autotune.measure.confidence import compare_rounds
 from autotune.plan import Plan
+from autotune.run.store import TrialStore
 from autotune.search.reward import meets_budget, reward
-from autotune.store import TrialStore
 from autotune.tune import tune
 
 FIXED = ("fp32", "int8", "fp16")

@@ -41,15 +41,15 @@ from typing import Any
 import numpy as np
 
 from autotune.api import analyze
-from autotune.config import TuneConfig, load_config
-from autotune.files import write_json
+from autotune.config.schema import TuneConfig, load_config
 from autotune.harness import Evaluator
 from autotune.harness.executor import make_pool
 from autotune.harness.runner import confirmation_protocol
 from autotune.plan import Plan
+from autotune.run.files import write_json
+from autotune.run.store import TrialStore
+from autotune.run.trial import TrialResult
 from autotune.search.episode import decisions, plan_from_actions
-from autotune.store import TrialStore
-from autotune.trial import TrialResult
 from autotune.tune import tune
 
 

@@ -12,8 +12,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from autotune.config import RewardConfig
+from autotune.config.schema import RewardConfig
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.search.episode import (
     action_count,
     action_mask,
@@ -26,7 +27,6 @@ from autotune.search.episode import (
 from autotune.search.estimate import LayerEstimates
 from autotune.search.reward import reward
 from autotune.search.space import SearchSpace
-from autotune.trial import TrialResult
 
 
 class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):

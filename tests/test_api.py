@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autotune.api import _scores_per_sample, analyze, check_data, float_ops, layer_table, references, resolve_plan
 from autotune.harness import SetupError
-from autotune.model import prepare_model
+from autotune.model.layers import prepare_model
 from autotune.plan import Plan
 from autotune.testing import tiny_config, tiny_mlp
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cli import main
-from autotune.config import dump_config
+from autotune.config.schema import dump_config
 from autotune.testing import tiny_config
 
 
@@ -99,7 +99,7 @@ def test_inspect_shows_each_layers_nodes_and_why_an_op_stays_fp32(tmp_path, caps
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from autotune.config import parse_config
+    from autotune.config.schema import parse_config
 
     rng = np.random.default_rng(0)
 
@@ -186,7 +186,7 @@ def test_a_constant_weight_model_inspects_and_evaluates_as_its_initializer_twin(
     """A model whose weights are all Constant nodes: the table and the all-INT8 result of its initializer twin."""
     import onnx
 
-    from autotune.config import parse_config
+    from autotune.config.schema import parse_config
     from autotune.testing import constant_weight_twins
 
     rows, texts, results = {}, {}, {}
@@ -336,8 +336,8 @@ QUICK += ["--set", "confirm.top_k=2", "--set", "confirm.self_check=false", "--se
 
 
 def test_init_writes_the_config_that_tune_takes_unchanged(model_and_samples, capsys, tmp_path):
-    from autotune.autoconfig import draft_config
-    from autotune.config import load_config, parse_config
+    from autotune.config.auto import draft_config
+    from autotune.config.schema import load_config, parse_config
 
     model, samples = model_and_samples
     assert main(["init", model, "--data", samples]) == 0
@@ -357,7 +357,7 @@ def test_a_model_file_and_its_samples_evaluate_tune_resume_export_and_report(mod
     import functools
 
     import autotune.cli
-    from autotune.config import load_config
+    from autotune.config.schema import load_config
 
     monkeypatch.setattr(autotune.cli, "tune", functools.partial(autotune.cli.tune, isolate=False))  # no child process
     model, samples = model_and_samples

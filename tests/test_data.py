@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from autotune.config import DataSource
+from autotune.config.schema import DataSource
 from autotune.data import DataError, Dataset, load_dataset, validate_dataset
-from autotune.model import InputSpec
+from autotune.model.layers import InputSpec
 
 X = InputSpec("x", (16, 32), "float32")
 GENERATOR_CALLS: list[dict] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from autotune.config import TuneConfig
+from autotune.config.schema import TuneConfig
 from autotune.docgen import REFERENCES, cli_reference, config_keys, config_reference, main, missing_descriptions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.extras import MissingExtra, require
-from autotune.model import resolve_callable
+from autotune.model.layers import resolve_callable
 
 ROOT = Path(__file__).resolve().parents[1]
 HINT = re.compile(r"needs the '(\w+)' extra: pip install 'autotune\[\1\]'")

@@ -5,8 +5,8 @@ import pytest
 from autotune.cli import _print_summary
 from autotune.headline import headline_fields, headline_lines
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.testing import tiny_config
-from autotune.trial import TrialResult
 from autotune.tune import tune
 
 LAYERS = ["fc1", "fc2"]

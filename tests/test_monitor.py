@@ -11,9 +11,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from autotune.monitor import CUSTOM_SCALARS, PlainProgress, RunMonitor
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.search.reward import reward
 from autotune.testing import tiny_config
-from autotune.trial import TrialResult
 
 
 def _trial(precision: str, speedup: float, drop: float) -> TrialResult:

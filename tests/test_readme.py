@@ -12,7 +12,7 @@ import onnx
 import pytest
 
 from autotune.cli import main
-from autotune.config import load_config
+from autotune.config.schema import load_config
 from autotune.testing import tiny_sequence_model, write_sequence_samples
 
 ROOT = Path(__file__).resolve().parents[1]

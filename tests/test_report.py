@@ -48,7 +48,7 @@ def test_report_writes_figures_and_numbers_that_match_the_store(finished_run, tm
 
 def test_layer_sensitivities_recover_additive_drops(finished_run):
     from autotune.plan import Plan
-    from autotune.trial import TrialResult
+    from autotune.run.trial import TrialResult
 
     data = load_run(finished_run.run_dir)
     truth = {"fc1": 0.001, "fc2": 0.03, "fc3": 0.0, "head": 0.005}
@@ -97,8 +97,8 @@ def test_report_names_the_cpu_its_int8_isa_and_the_int8_scheme_that_ran(finished
 def test_the_one_liners_table_gets_the_back_to_back_timing_where_the_backend_has_it(tmp_path):
     from autotune.plan import Plan
     from autotune.report import RunData, _reference_lines
+    from autotune.run.trial import TrialResult
     from autotune.testing import tiny_config
-    from autotune.trial import TrialResult
 
     layers = ["fc1", "fc2"]
     winner = TrialResult(

@@ -14,14 +14,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from autotune.api import analyze
 from autotune.capabilities import Capabilities, Knob
-from autotune.config import ConfigError, dump_config, load_config
+from autotune.config.schema import ConfigError, dump_config, load_config
 from autotune.confirm import finalist_order
 from autotune.harness.evaluator import Evaluator
 from autotune.plan import Plan
+from autotune.run.store import TrialStore
+from autotune.run.trial import TrialResult
 from autotune.search.driver import Driver
-from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
-from autotune.trial import TrialResult
 from autotune.tune import search, tune
 from tests.reliability.helpers import measure_counts
 
@@ -172,7 +172,7 @@ def test_config_round_trips_through_the_run_directory(tmp_path):
 
 
 def test_the_saved_config_points_at_the_same_files_from_any_working_directory(tmp_path, monkeypatch):
-    from autotune.rundir import RunDir
+    from autotune.run.directory import RunDir
     from autotune.testing import write_tiny_project
 
     project = tmp_path / "project"
@@ -259,7 +259,7 @@ def test_a_one_liner_that_fails_to_build_is_a_failed_result_and_the_run_goes_on(
 def test_the_summary_says_so_when_a_one_liner_beats_the_winner_within_the_budget(tmp_path):
     from autotune.confirm import reference_rows
     from autotune.plan import Plan
-    from autotune.trial import TrialResult
+    from autotune.run.trial import TrialResult
 
     layers = ["fc1", "fc2"]
     winner = TrialResult(plan=Plan.uniform(layers, "int8"), speedup=1.2, accuracy_drop=0.001, split="holdout")

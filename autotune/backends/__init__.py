@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.backends.base import Backend, BackendUnavailable, BuildError, GraphArtifact, GraphBackend
 from autotune.capabilities import Capabilities, Knob
-from autotune.config import BackendConfig, ModelConfig
+from autotune.config.schema import BackendConfig, ModelConfig
 
 _AUTO = "backend 'auto' is a runtime chosen when a run starts (autotune tune, evaluate); name one to use it here"
 

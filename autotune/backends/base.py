@@ -19,13 +19,13 @@ import numpy as np
 import onnx
 
 from autotune.capabilities import Capabilities, Knob
-from autotune.files import atomic_write
 from autotune.plan import KnobValue, Plan
 from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import QuantRecipe
+from autotune.run.files import atomic_write
 
 if TYPE_CHECKING:
-    from autotune.model import LoadedModel
+    from autotune.model.layers import LoadedModel
     from autotune.quant.calibrate import StatisticsCollector
     from autotune.quant.layerwise import LayerProbe
 

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from autotune.model import build_layer_table
+from autotune.model.layers import build_layer_table
 from autotune.plan import Plan
 from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import required_ranges, rewrite

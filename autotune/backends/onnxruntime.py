@@ -27,14 +27,14 @@ from autotune.backends.int8_kernels import (
     scheme_verdicts,
 )
 from autotune.capabilities import Capabilities, Knob
-from autotune.files import write_json
-from autotune.optypes import TUNABLE_OP_TYPES
+from autotune.model.optypes import TUNABLE_OP_TYPES
 from autotune.plan import INT8_SCHEME_KNOB, KnobValue, Plan
 from autotune.quant.dynamic import DYNAMIC, DYNAMIC_OP_TYPES
 from autotune.quant.recipe import ORT_X86, QuantRecipe
+from autotune.run.files import write_json
 
 if TYPE_CHECKING:
-    from autotune.model import LoadedModel
+    from autotune.model.layers import LoadedModel
 
 _LEVELS = ("all", "extended", "basic")
 

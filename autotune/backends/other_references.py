@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from autotune.backends.base import Backend
-from autotune.model import LoadedModel
+from autotune.model.layers import LoadedModel
 from autotune.plan import Plan
 
 

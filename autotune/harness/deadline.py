@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.trial import TrialResult
+from autotune.run.trial import TrialResult
 
 MIN_CONFIRM_ROUNDS = 3
 """The fewest rounds a confirmation sized to its time may keep: a median of fewer is one round's luck."""
@@ -31,7 +31,7 @@ INFLATION_FLOOR = 1.5
 """The fewest rounds a confirmation is costed at per round it needs."""
 INFLATION_MARGIN = 1.5
 """A confirmation is costed at this many times the rounds the search's trials timed per round they kept (at least
-``INFLATION_FLOOR``, at most the round limit): its plans count their rounds each (``autotune.quiet_rounds``), so
+``INFLATION_FLOOR``, at most the round limit): its plans count their rounds each (``autotune.measure.quiet_rounds``), so
 several plans need about the rounds one does, and its timing stops at the run's end whatever the estimate."""
 EXPORT_SHARE = 0.6
 """The export's cost as a share of one plan's build and scoring (it builds once and writes, scoring nothing)."""

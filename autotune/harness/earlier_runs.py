@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.harness.identity import check_comparable
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
 
 
 def import_runs(store: TrialStore, run_dirs: Sequence[Path], key: dict[str, Any]) -> dict[str, int]:

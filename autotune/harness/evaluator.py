@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import BuildError
-from autotune.config import TuneConfig
+from autotune.config.schema import TuneConfig
 from autotune.harness.executor import Pool, make_pool
 from autotune.harness.process import ChildRunner, forms_of
 from autotune.harness.runner import TrialRunner, confirmation_protocol
-from autotune.measure import Protocol
+from autotune.measure.timing import Protocol
 from autotune.plan import Plan
-from autotune.store import TrialStore
-from autotune.trial import FAILED, TIMEOUT, TrialResult
+from autotune.run.store import TrialStore
+from autotune.run.trial import FAILED, TIMEOUT, TrialResult
 
 
 class Evaluator:

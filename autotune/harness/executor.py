@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import DEVICE_OWNER_ENV
-from autotune.config import ConfigError, TuneConfig
+from autotune.config.schema import ConfigError, TuneConfig
 from autotune.extras import require
 from autotune.harness.prepare import SetupError
 from autotune.harness.process import ChildRunner, handle, prepare_runner, source_fingerprint
@@ -247,7 +247,7 @@ class RayWorker:
 
 def restore_cache(cache_dir: Path, files: dict[str, bytes]) -> None:
     """Writes cache files that are missing here (a worker on the same file system finds them all present)."""
-    from autotune.files import atomic_write
+    from autotune.run.files import atomic_write
 
     for relative, content in files.items():
         path = cache_dir / relative

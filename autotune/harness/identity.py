@@ -18,11 +18,11 @@ from typing import Any
 
 from autotune.backends import Backend, backend_class
 from autotune.backends.int8_kernels import isa_features
-from autotune.config import ConfigError, DataConfig, TuneConfig
+from autotune.config.schema import ConfigError, DataConfig, TuneConfig
 from autotune.data import load_dataset
-from autotune.model import LoadedModel
+from autotune.model.layers import LoadedModel
 from autotune.quant.calibrate import data_hash, usable_cores
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
 
 KEY_META = "comparability"
 """The store meta key holding a run's comparability key."""
@@ -106,7 +106,7 @@ def comparability_key(config: TuneConfig, model: LoadedModel) -> dict[str, Any]:
 
 
 def pace_key(config: TuneConfig, model: LoadedModel, feeds_hash: str) -> str:
-    """What sets the FP32 reference's pace on this machine (``autotune.harness.machine_pace``), as 16 hex characters.
+    """What sets the FP32 reference's pace on this machine (``autotune.measure.pace``), as 16 hex characters.
 
     The model, the batch it is timed on (``feeds_hash``), the backend and its options, how a round times it, the
     trial workers beside it, the machine and the kernel libraries.

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import Backend, backend_class
-from autotune.config import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig
+from autotune.config.schema import CalibrationConfig, InputConfig, ModelConfig, SearchSpaceConfig
 from autotune.data import Dataset
-from autotune.model import InputSpec, LoadedModel, load_onnx, prepare_model
+from autotune.model.layers import InputSpec, LoadedModel, load_onnx, prepare_model
+from autotune.model.torch_export import export_torch
 from autotune.plan import CALIBRATION_KNOB, INT8_SCHEME_KNOB, Plan
 from autotune.quant.calibrate import METHODS, Calibration, CalibrationSettings, StatisticsCollector, calibrate
 from autotune.quant.dynamic import DYNAMIC
@@ -28,7 +29,6 @@ from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import required_ranges
 from autotune.search.space import SearchSpace, build_space
-from autotune.torch_export import export_torch
 
 log = logging.getLogger(__name__)
 

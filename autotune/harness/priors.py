@@ -6,9 +6,9 @@ from pathlib import Path
 
 from autotune.harness.evaluator import Evaluator
 from autotune.plan import GRANULARITY_KNOB
+from autotune.run.store import TrialStore
 from autotune.search.prior import PriorInputs
 from autotune.search.space import SearchSpace
-from autotune.store import TrialStore
 
 PRIOR_META = "prior_inputs"
 """The store meta key holding the run's prior inputs (single-layer errors, runtime shares), for the replay."""

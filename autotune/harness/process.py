@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends.base import DEVICE_OWNER_ENV
-from autotune.config import TuneConfig
+from autotune.config.schema import TuneConfig
 from autotune.extras import MissingExtra
 from autotune.harness.deadline import layerwise_allowance_s
 from autotune.harness.prepare import LayerwiseBounds, SetupError, measure_forms
 from autotune.harness.runner import TrialRunner
 from autotune.harness.stderr import StderrRelay
-from autotune.measure import Protocol
+from autotune.measure.timing import Protocol
 from autotune.plan import Plan
 
 GO = ("go", None)

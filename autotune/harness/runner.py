@@ -13,11 +13,10 @@ from typing import Any
 import numpy as np
 
 from autotune.backends import BackendUnavailable, BuildError, get_backend
-from autotune.config import ConfirmConfig, MeasureConfig, TuneConfig
+from autotune.config.schema import ConfirmConfig, MeasureConfig, TuneConfig
 from autotune.data import Dataset, load_dataset
 from autotune.harness.deadline import layerwise_allowance_s
 from autotune.harness.identity import pace_key
-from autotune.harness.machine_pace import RememberedPace
 from autotune.harness.prepare import (
     LayerwiseBounds,
     Quantizations,
@@ -31,16 +30,17 @@ from autotune.harness.prepare import (
     statistics_collector,
 )
 from autotune.harness.sequential import SequentialTest
-from autotune.interference import Sampler
-from autotune.measure import Latency, Protocol, ReferencePace, interleaved, side_by_side
+from autotune.measure.interference import Sampler
+from autotune.measure.pace import RememberedPace
+from autotune.measure.timing import Latency, Protocol, ReferencePace, interleaved, side_by_side
 from autotune.metrics import LOG_RATIO_METRICS, SEQUENTIAL_METRICS, batch_terms, drop_of_ratio, fidelity, score
-from autotune.model import factory_module
+from autotune.model.layers import factory_module
 from autotune.plan import Plan
 from autotune.quant.calibrate import data_hash
 from autotune.quant.layerwise import LayerwiseChoices
 from autotune.quant.lowering import NONE
 from autotune.quant.recipe import QuantRecipe
-from autotune.trial import TrialResult
+from autotune.run.trial import TrialResult
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +442,7 @@ class TrialRunner:
         """The FP32 reference's pace on ``split``'s timed batch: this process's rounds, and earlier processes'.
 
         Every measurement of the process shares it, so a trial timed in a slow spell knows the spell is one; it starts
-        from earlier processes' pace on this machine (``autotune.harness.machine_pace``): a spell can outlast one.
+        from earlier processes' pace on this machine (``autotune.measure.pace``): a spell can outlast one.
         """
         if split not in self._paces:
             feeds_hash = data_hash([self.datasets[split].batches[0]])

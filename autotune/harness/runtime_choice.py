@@ -3,9 +3,9 @@
 Before the run starts, every installed CPU runtime (ONNX Runtime; OpenVINO where its extra is installed) builds
 the run's uniform seeds (FP32, all-INT8, all-BF16 where offered) as a run on it would (the same model, search
 space, INT8 scheme and calibration, cached for the run that follows), and all of them are timed side by side in
-the same rounds against ONNX Runtime's FP32 model (``autotune.measure.side_by_side``). The run tunes on the runtime
-whose fastest seed is fastest; ONNX Runtime, the default, keeps a tie (``TIE_MARGIN``). The choice is one line on
-stderr and ``backend_choice`` in ``summary.json``.
+the same rounds against ONNX Runtime's FP32 model (``autotune.measure.timing.side_by_side``). The run tunes on the
+runtime whose fastest seed is fastest; ONNX Runtime, the default, keeps a tie (``TIE_MARGIN``). The choice is one
+line on stderr and ``backend_choice`` in ``summary.json``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.backends import BackendUnavailable, BuildError
-from autotune.config import TuneConfig
+from autotune.config.schema import TuneConfig
 from autotune.extras import MissingExtra
-from autotune.measure import Protocol, side_by_side
+from autotune.measure.timing import Protocol, side_by_side
 from autotune.plan import PRECISIONS, Plan
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.trial import TrialResult
+from autotune.run.trial import TrialResult
 
 MIN_SPLIT_BATCHES = 8
 """Splits with fewer batches are always scored whole: the first look would leave the t bound 2 degrees of freedom

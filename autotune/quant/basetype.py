@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, defs, helper, numpy_helper
 
+from autotune.model.shapes import infer_shapes
 from autotune.quant.graphedit import GraphEditor, RewriteError, default_opset
-from autotune.shapes import infer_shapes
 
 BASE_PRECISION_KNOB = "base_precision"
 """The plan knob of the precision the whole graph computes in (graph backends; the torch backend's has the same

@@ -27,9 +27,9 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from autotune.files import atomic_write
+from autotune.model.shapes import infer_shapes
 from autotune.quant.histogram import TensorStats
-from autotune.shapes import infer_shapes
+from autotune.run.files import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.model import Layer
+from autotune.model.layer_units import attribute
+from autotune.model.layers import Layer
 from autotune.plan import DYNAMIC
 from autotune.quant.graphedit import GraphEditor, RewriteError
-from autotune.units import attribute
 
 DYNAMIC_OP_TYPES = ("MatMul", "Gemm")
 """The op types that take :data:`DYNAMIC`: ORT's dynamic kernels are matrix products."""

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import onnx
 
-from autotune.files import atomic_write
-from autotune.model import Layer, LoadedModel
+from autotune.model.layers import Layer, LoadedModel
 from autotune.quant import probe
 from autotune.quant.calibrate import Calibration, data_hash
 from autotune.quant.dynamic import DYNAMIC, DYNAMIC_OP_TYPES
 from autotune.quant.layerwise import LayerwiseChoices, _layer_errors
 from autotune.quant.recipe import QuantRecipe
+from autotune.run.files import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, defs, helper, numpy_helper, version_converter
 
-from autotune.model import Layer
-from autotune.units import GraphIndex
+from autotune.model.layer_units import GraphIndex
+from autotune.model.layers import Layer
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 

@@ -44,9 +44,8 @@ import onnx
 from onnx import numpy_helper
 from tqdm import tqdm
 
-from autotune.files import atomic_write
 from autotune.metrics import SNR_CAP_DB
-from autotune.model import Layer
+from autotune.model.layers import Layer
 from autotune.quant import probe
 from autotune.quant.calibrate import (
     METHODS,
@@ -57,6 +56,7 @@ from autotune.quant.calibrate import (
 from autotune.quant.probe import Cut, find_cut
 from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import required_ranges, smoothable
+from autotune.run.files import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from autotune.quant.recipe import QuantRecipe
 from autotune.quant.rewrite import rewrite
 
 if TYPE_CHECKING:
-    from autotune.model import LoadedModel
+    from autotune.model.layers import LoadedModel
 
 Range = tuple[float, float]
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from autotune.model import Layer
-from autotune.optypes import INT8_OUTPUT_OP_TYPES, SATURATING_ACTIVATIONS
+from autotune.model.layer_units import GraphIndex
+from autotune.model.layers import Layer
+from autotune.model.optypes import INT8_OUTPUT_OP_TYPES, SATURATING_ACTIVATIONS
 from autotune.quant.recipe import QuantRecipe
-from autotune.units import GraphIndex
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def quantizes_output(op_type: str, recipe: QuantRecipe) -> bool:
 
 
 GATE_RANGE: tuple[float, float] = (0.0, 1.0)
-"""The quantized range of a gate's output (``autotune.optypes.ACTIVATION_GATES``): a Sigmoid's or HardSigmoid's
+"""The quantized range of a gate's output (``autotune.model.optypes.ACTIVATION_GATES``): a Sigmoid's or HardSigmoid's
 output lies in it whatever the input, so it needs no calibration and no range method can clip it."""
 
 

@@ -22,7 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from autotune.model import Layer
+from autotune.model.layers import Layer
 from autotune.plan import Plan
 from autotune.quant.calibrate import session_with_outputs
 from autotune.quant.recipe import QuantRecipe

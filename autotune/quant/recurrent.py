@@ -19,7 +19,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from autotune.model import Layer
+from autotune.model.layers import Layer
 from autotune.quant.graphedit import GraphEditor, RewriteError
 from autotune.quant.recipe import QuantRecipe
 

@@ -18,8 +18,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.model import Layer
-from autotune.optypes import (
+from autotune.model.layer_units import GraphIndex, attribute
+from autotune.model.layers import Layer
+from autotune.model.optypes import (
     CONV_OP_TYPES,
     RECURRENT_OP_TYPES,
     TUNABLE_OP_TYPES,
@@ -51,7 +52,6 @@ from autotune.quant.qparams import (
 )
 from autotune.quant.recipe import QuantRecipe
 from autotune.quant.recurrent import lower_int8_lstm
-from autotune.units import GraphIndex, attribute
 
 __all__ = ["RewriteError", "required_ranges", "rewrite", "smooth_weight", "smoothable"]
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.config import PlanningRule, TuneConfig
-from autotune.files import atomic_write
+from autotune.config.schema import PlanningRule, TuneConfig
 from autotune.interrupt import interrupts_held
 from autotune.plan import Plan
+from autotune.run.files import atomic_write
+from autotune.run.trial import TrialResult
 from autotune.search.design import model_best_plan
 from autotune.search.driver import Driver
 from autotune.search.estimate import RefittedEstimates, Surrogate
@@ -24,7 +25,6 @@ from autotune.search.planner import Planner
 from autotune.search.prior import LayerPrior
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import Stepwise
-from autotune.trial import TrialResult
 
 LATEST = "latest.zip"
 
@@ -42,6 +42,11 @@ class AgentPaths:
     tensorboard_dir: Path
     checkpoints: Path
     resume: bool = False
+
+
+EnvMaker = Callable[..., Any]
+"""The env's constructor, ``envs.engine_build.EngineBuildEnv(space, score, reward, search_budget, *, estimates,
+shaping)``. The run hands it in: the env is a thin shell above the search, so no search module imports it."""
 
 
 @dataclass(frozen=True)
@@ -278,7 +283,15 @@ class _Agent:
     Each method is one part of the loop :meth:`run` reads on one page.
     """
 
-    def __init__(self, config: TuneConfig, space: SearchSpace, driver: Driver, paths: AgentPaths, models: TrialModels):
+    def __init__(
+        self,
+        config: TuneConfig,
+        space: SearchSpace,
+        driver: Driver,
+        paths: AgentPaths,
+        models: TrialModels,
+        make_env: EnvMaker,
+    ):
         from stable_baselines3.common.logger import configure
         from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -286,7 +299,7 @@ class _Agent:
         self.planner = models.planner(config.planning, space, driver.workers)
         # The builds' wall time, which the agent's compute is sized to.
         self.pace = ComputePace(config.ppo.compute_share, lambda: driver.build_s)
-        make_env = self._env_factory(models.estimates)
+        make_env = self._env_factory(make_env, models.estimates)
         self.real = _real_envs(make_env, driver)
         self.real.seed(config.seed)
         self.current: Surrogate | None = None  # the model of the trials the imagined episodes are scored by
@@ -305,12 +318,12 @@ class _Agent:
         self.idle_rollouts = 0  # real rollouts in a row that built nothing
         self.skip_rollouts = 0  # cycles left in which the planner builds instead of a real rollout
 
-    def _env_factory(self, estimates: Callable[[], Any] | None) -> Callable[[Callable[[Plan], TrialResult]], Any]:
-        from envs.engine_build import EngineBuildEnv  # the env is a shell over autotune.search; only the agent uses it
-
+    def _env_factory(
+        self, make_env: EnvMaker, estimates: Callable[[], Any] | None
+    ) -> Callable[[Callable[[Plan], TrialResult]], Any]:
         config, space = self.config, self.space
         return lambda score: (
-            lambda: EngineBuildEnv(
+            lambda: make_env(
                 space,
                 score,
                 config.reward,
@@ -427,7 +440,13 @@ class _Agent:
 
 
 def train(
-    config: TuneConfig, space: SearchSpace, driver: Driver, paths: AgentPaths, models: TrialModels | None = None
+    config: TuneConfig,
+    space: SearchSpace,
+    driver: Driver,
+    paths: AgentPaths,
+    models: TrialModels | None = None,
+    *,
+    make_env: EnvMaker,
 ) -> Any:
     """Trains MaskablePPO until the driver is exhausted; the planner's plans are built between its rollouts.
 
@@ -446,13 +465,14 @@ def train(
         driver: Builds the plans and ends the search (:class:`~autotune.search.driver.Driver`).
         paths: Where the agent's logs and checkpoints go, and whether it resumes.
         models: What the trials so far say (none: no rehearsal, no planning step).
+        make_env: The env's constructor (``envs.engine_build.EngineBuildEnv``), see :data:`EnvMaker`.
 
     Returns:
         The trained model.
     """
     agent = None
     try:
-        agent = _Agent(config, space, driver, paths, models or TrialModels())
+        agent = _Agent(config, space, driver, paths, models or TrialModels(), make_env)
         agent.run()
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
@@ -471,7 +491,8 @@ class PolicySearch:
     space: SearchSpace
     paths: AgentPaths
     models: TrialModels
+    make_env: EnvMaker
 
     def drive(self, driver: Driver) -> None:
         """Trains the policy on ``driver`` until it is exhausted."""
-        train(self.config, self.space, driver, self.paths, self.models)
+        train(self.config, self.space, driver, self.paths, self.models, make_env=self.make_env)

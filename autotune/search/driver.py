@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from autotune.config import BudgetConfig
+from autotune.config.schema import BudgetConfig
 from autotune.plan import KnobValue, Plan
+from autotune.run.trial import TrialResult
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import Strategy
-from autotune.trial import TrialResult
 
 
 class Harness(Protocol):

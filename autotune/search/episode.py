@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autotune.config import RewardConfig
-from autotune.optypes import WEIGHTED_OP_TYPES
+from autotune.config.schema import RewardConfig
+from autotune.model.optypes import WEIGHTED_OP_TYPES
 from autotune.plan import Plan
 from autotune.search.estimate import MAX_SAVING, LayerEstimates
 from autotune.search.reward import reward_of

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from autotune.plan import CALIBRATION_KNOB, DYNAMIC, GRANULARITY_KNOB, INT8_SCHEME_KNOB, Plan
+from autotune.run.trial import TrialResult
 from autotune.search.prior import LayerPrior, PriorInputs, layer_prior
-from autotune.trial import TrialResult
 
 MIN_TRIALS = 8
 """Fewer trials than this give no estimate (features stay 0), unless there is a prior."""

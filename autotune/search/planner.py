@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from autotune.config import PlanningRule
+from autotune.config.schema import PlanningRule
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, Plan
+from autotune.run.trial import TrialResult
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.episode import neighbours
 from autotune.search.estimate import Surrogate
@@ -19,7 +20,6 @@ from autotune.search.prior import LayerPrior, unsure_groups
 from autotune.search.reward import meets_budget
 from autotune.search.space import SearchSpace
 from autotune.search.strategies import Steps, Stepwise
-from autotune.trial import TrialResult
 
 OPENING_MODEL_PLANS = 3
 """With priors, the model's best plan is built first, again after each miss of the search budget, up to this many."""

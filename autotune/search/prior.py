@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.plan import DYNAMIC, INT8_SCHEME_KNOB
-from autotune.trial import TrialResult
+from autotune.run.trial import TrialResult
 
 LAYERWISE = "layerwise"
 """The calibration knob value whose per-layer errors are those of each layer's chosen method (as in quant)."""

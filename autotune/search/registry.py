@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.config import ConfigError, TuneConfig
+from autotune.config.schema import ConfigError, TuneConfig
 from autotune.plan import PRECISIONS, KnobValue
-from autotune.search.agent import AgentPaths, PolicySearch, TrialModels
+from autotune.search.agent import AgentPaths, EnvMaker, PolicySearch, TrialModels
 from autotune.search.driver import Driver, SelfDriven, search_with_seeds
 from autotune.search.planner import Planner
 from autotune.search.space import SearchSpace
@@ -29,12 +29,14 @@ class SearchInputs:
         models: The models of the trials on the space the seeds leave (the agent and the planner only; made once
             the seeds are built, so priors are computed only for a search that runs).
         paths: Where the agent keeps its logs and checkpoints (the agent only).
+        make_env: The env's constructor the agent runs its policy in (the agent only; the run hands it in).
     """
 
     config: TuneConfig
     workers: int = 1
     models: Callable[[SearchSpace], TrialModels] = lambda space: TrialModels()
     paths: AgentPaths | None = None
+    make_env: EnvMaker | None = None
 
     @property
     def aim(self) -> Aim:
@@ -43,9 +45,9 @@ class SearchInputs:
 
 
 def _policy(space: SearchSpace, inputs: SearchInputs) -> PolicySearch:
-    if inputs.paths is None:
-        raise ValueError("the ppo strategy needs the agent's paths")
-    return PolicySearch(inputs.config, space, inputs.paths, inputs.models(space))
+    if inputs.paths is None or inputs.make_env is None:
+        raise ValueError("the ppo strategy needs the agent's paths and the env's constructor")
+    return PolicySearch(inputs.config, space, inputs.paths, inputs.models(space), inputs.make_env)
 
 
 def _planner(space: SearchSpace, inputs: SearchInputs) -> Planner:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from autotune.config import RewardConfig
-from autotune.trial import TrialResult
+from autotune.config.schema import RewardConfig
+from autotune.run.trial import TrialResult
 
 
 def reward(result: TrialResult, config: RewardConfig, accuracy_budget: float) -> float:

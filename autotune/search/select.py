@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from autotune.config import FinalistRule
-from autotune.noise import ties_within
+from autotune.config.schema import FinalistRule
+from autotune.measure.confidence import ties_within
+from autotune.run.trial import TrialResult
 from autotune.search.estimate import ACCURACY_KNOBS, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.reward import meets_budget, reward
-from autotune.trial import TrialResult
 
 
 def pareto_front(
@@ -170,8 +170,8 @@ def ranking(confirmed: list[TrialResult], accuracy_budget: float, noise: float =
     """Confirmed plans, best first: within budget by speedup, then the rest by drop.
 
     Plans whose speedups differ by less than the protocol's measured ``noise`` (the FP32 self-check of the same
-    confirmation, ``autotune.noise.SelfCheck.noise``) are a tie: of those, the one with the smallest accuracy
-    drop comes first, since the measurement cannot say which is faster.
+    confirmation, ``autotune.measure.confidence.SelfCheck.noise``) are a tie: of those, the one with the smallest
+    accuracy drop comes first, since the measurement cannot say which is faster.
     """
     within = sorted((r for r in confirmed if meets_budget(r, accuracy_budget)), key=lambda r: -(r.speedup or 0))
     tied = [within[index] for index in ties_within([r.speedup or 0.0 for r in within], noise)]

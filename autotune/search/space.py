@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.capabilities import Capabilities, Knob
-from autotune.config import SearchSpaceConfig
-from autotune.model import Layer
+from autotune.config.schema import SearchSpaceConfig
+from autotune.model.layers import Layer
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, KnobValue, Plan
 
 __all__ = ["CALIBRATION_KNOB", "GRANULARITY_KNOB", "SearchSpace", "build_space"]

@@ -18,13 +18,13 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from autotune.config import RewardConfig
+from autotune.config.schema import RewardConfig
 from autotune.extras import require
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.search.episode import decisions, plan_from_actions
 from autotune.search.reward import meets_budget, reward
 from autotune.search.space import SearchSpace
-from autotune.trial import TrialResult
 
 
 @runtime_checkable

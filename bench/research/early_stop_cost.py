@@ -17,9 +17,9 @@ import argparse
 import time
 from pathlib import Path
 
-from autotune.config import load_config
+from autotune.config.schema import load_config
 from autotune.harness.runner import TrialRunner
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
 
 
 def _cpu_seconds(runner: TrialRunner, artifact: object, sequential: bool) -> tuple[float, float, int]:

@@ -5,16 +5,16 @@ search's protocol does (rotated rounds, ``warmup`` then ``repeats`` runs of each
 per round) for ``--seconds``, optionally beside a busy loop (``--busy-nice``). The trace is then cut into windows of
 ``--window`` rounds, one window standing for one measurement, and every estimator reads the same windows:
 
-- ``paired``: the protocol's rule (``autotune.quiet_rounds.quiet_rows``: rounds without run-queue wait, the reference
+- ``paired``: the protocol's rule (``autotune.measure.quiet_rounds.quiet_rows``: rounds without run-queue wait, the reference
   within ``quiet_band`` of the process's fastest round, no plan over ``OUTLIER_BAND`` above its lower quartile),
   the median of the per-round ratios over the first ``rounds`` such rounds;
 - ``floors``: over the rounds without run-queue wait, each runner by the median of its ``rounds`` fastest round
-  medians, the ratio of those (``autotune.measure._from_floors`` on the clear rounds);
+  medians, the ratio of those (``autotune.measure.timing._from_floors`` on the clear rounds);
 - ``floors-all``: the same over every round, waited or not;
 - ``fresh``: each window a process of its own, as ``autotune evaluate`` is (its first measurement counts every
   quiet round of its settling): the reference's pace is the window's own fastest round;
 - ``remembered``: the same, the pace starting from the fastest round of the last ``KEEP_PROCESSES`` windows
-  before it (``autotune.harness.machine_pace``); a window with fewer than ``rounds`` quiet rounds is one that
+  before it (``autotune.measure.pace``); a window with fewer than ``rounds`` quiet rounds is one that
   would have waited for the spell to end, and is counted as ``waited``.
 
 FP32 against itself must read 1; the spread of all-INT8 over the windows is what a user sees run to run.
@@ -37,9 +37,9 @@ BUSY_LOOP = "while True: pass"
 
 def trace(config_path: str, seconds: float) -> dict:
     """Per round: each runner's run times (reference, FP32 again, all-INT8) and the round's run-queue wait."""
-    from autotune.config import load_config
+    from autotune.config.schema import load_config
     from autotune.harness import TrialRunner
-    from autotune.interference import Sampler
+    from autotune.measure.interference import Sampler
 
     config = load_config(config_path, [])
     runner = TrialRunner(config)
@@ -68,8 +68,8 @@ def trace(config_path: str, seconds: float) -> dict:
 
 def estimates(data: dict, window: int) -> dict[str, dict[str, list[float]]]:
     """Each estimator's FP32-over-itself and INT8 ratios, one per window of ``window`` rounds."""
-    from autotune.harness.machine_pace import KEEP_PROCESSES
-    from autotune.quiet_rounds import ReferencePace, quiet_rows
+    from autotune.measure.pace import KEEP_PROCESSES
+    from autotune.measure.quiet_rounds import ReferencePace, quiet_rows
 
     def _quiet_rounds(medians: np.ndarray, clear: list[int], band: float | None, pace_ms: float) -> list[int]:
         """The rounds quiet for every plan, judged against a quiet pace of ``pace_ms`` (as a fresh process would)."""

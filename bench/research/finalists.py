@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.config import load_config  # noqa: E402
-from autotune.files import write_json  # noqa: E402
+from autotune.config.schema import load_config  # noqa: E402
+from autotune.confirm import finalist_order  # noqa: E402
 from autotune.harness.priors import lent_runtime_shares, stored_runtime_shares  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
-from autotune.store import TrialStore  # noqa: E402
-from autotune.confirm import finalist_order  # noqa: E402
+from autotune.run.files import write_json  # noqa: E402
+from autotune.run.store import TrialStore  # noqa: E402
 
 
 def named_store(argument: str) -> tuple[str, Path]:

@@ -6,7 +6,7 @@ OpenVINO (the backend's compile properties: LATENCY, one stream, the deployment'
 FP32 engine ``--idle`` more times, runs each a while, then times one engine alone for a second at a time and reads:
 
 - the core time the threads only the idle engines started took meanwhile (0: they hold no runnable thread),
-- this process's run-queue wait per second (``autotune.interference``),
+- this process's run-queue wait per second (``autotune.measure.interference``),
 - the timed engine's median run, against the same with no idle engine alive, rounds interleaved.
 
     python bench/research/idle_engines.py autotune/examples/data/cnn.onnx --shape 32x1x16x16 --idle 6 \
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.interference import Sampler
+from autotune.measure.interference import Sampler
 
 _TASKS = Path("/proc/self/task")
 

@@ -81,7 +81,7 @@ def main() -> None:
     import onnx
 
     from autotune.backends.onnxruntime import int8_recipe
-    from autotune.model import prepare_model
+    from autotune.model.layers import prepare_model
     from autotune.quant import layerwise as new
     from autotune.quant.calibrate import METHODS, calibrate
     from autotune.quant.rewrite import required_ranges

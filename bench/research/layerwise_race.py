@@ -33,7 +33,7 @@ def main() -> None:
     import onnx
 
     from autotune.backends.onnxruntime import int8_recipe
-    from autotune.model import prepare_model
+    from autotune.model.layers import prepare_model
     from autotune.quant.calibrate import calibrate
     from autotune.quant.layerwise import choose_layer_methods
     from autotune.quant.rewrite import required_ranges

@@ -31,10 +31,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autotune.harness.priors import lent_runtime_shares, stored_runtime_shares  # noqa: E402
+from autotune.run.store import TrialStore  # noqa: E402
+from autotune.run.trial import TrialResult  # noqa: E402
 from autotune.search.estimate import ACCURACY_KNOBS, fit_surrogate  # noqa: E402
 from autotune.search.select import expected_speedups, profile_model, profile_speedups  # noqa: E402
-from autotune.store import TrialStore  # noqa: E402
-from autotune.trial import TrialResult  # noqa: E402
 
 RULES = ("measured", "model", "mean of both", "profile model")
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     defaults_from_config = None
     if args.config is not None:
         from autotune.api import analyze
-        from autotune.config import load_config
+        from autotune.config.schema import load_config
 
         _, space = analyze(load_config(args.config), profile=False)
         defaults_from_config = {knob.name: knob.default for knob in space.knobs}

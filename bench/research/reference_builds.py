@@ -42,8 +42,8 @@ def measure(variant: str, factory: str, batch: int) -> dict:
 
     from autotune.backends.torch import runtime
     from autotune.backends.torch.backend import TorchBackend
-    from autotune.config import TorchOptions
-    from autotune.model import InputSpec
+    from autotune.config.schema import TorchOptions
+    from autotune.model.layers import InputSpec
 
     examples = importlib.import_module(factory.split(":")[0])
     backend = TorchBackend(factory, TorchOptions(device="cuda"))

@@ -54,8 +54,11 @@ from pathlib import Path
 import numpy as np
 
 from autotune.api import analyze
-from autotune.config import load_config
+from autotune.config.schema import load_config
+from autotune.confirm import finalist_order
 from autotune.harness.priors import PRIOR_META
+from autotune.run.store import TrialStore
+from autotune.run.trial import TrialResult
 from autotune.search.agent import AgentPaths, TrialModels
 from autotune.search.design import model_best_plan
 from autotune.search.driver import Driver, OneByOne
@@ -63,9 +66,7 @@ from autotune.search.estimate import RefittedEstimates, Surrogate, fit_surrogate
 from autotune.search.prior import PriorInputs, layer_prior
 from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.select import PROFILE_WEIGHT, ranking
-from autotune.store import TrialStore
-from autotune.trial import TrialResult
-from autotune.confirm import finalist_order
+from envs.engine_build import EngineBuildEnv
 
 TARGET = 0.98
 """The fraction of the simulator's greedy result a strategy is timed to reach."""
@@ -244,7 +245,7 @@ def replay(
     models = TrialModels.refitted(fitted, use_prior is not None)
     with tempfile.TemporaryDirectory() as scratch:
         paths = AgentPaths(Path(scratch) / "tb", Path(scratch) / "checkpoints")
-        inputs = SearchInputs(config, driver.workers, lambda _: models, paths)
+        inputs = SearchInputs(config, driver.workers, lambda _: models, paths, make_env=EngineBuildEnv)
         run_strategy("ppo" if strategy.startswith("ppo") else strategy, driver, space, inputs)
     true = [truth.predict(r.plan) for r in built]
     within = [speedup for speedup, drop in true if drop <= config.search_budget]

@@ -1,6 +1,6 @@
 """The machine's slow spells, traced: FP32, all-INT8 and a second FP32 session timed one run each, in turn.
 
-What ``measure.quiet_band``, ``measure.settle_s`` and the remembered pace (``autotune.harness.machine_pace``) answer
+What ``measure.quiet_band``, ``measure.settle_s`` and the remembered pace (``autotune.measure.pace``) answer
 (docs/benchmarks.md, "Timing"): on a shared VM the host takes a core for spells, some longer than a process of
 ``autotune evaluate`` times, and a two-thread session's INT8 slows more than its FP32 there, so the ratio moves.
 This prints, per 0.1 s block, whether the reference ran within the band of its quiet level (the 10th percentile of
@@ -19,7 +19,7 @@ import numpy as np
 
 def trace(config_path: str, seconds: float) -> np.ndarray:
     """Rows of (time s, FP32 ms, all-INT8 ms, second FP32 ms), one run of each per row."""
-    from autotune.config import load_config
+    from autotune.config.schema import load_config
     from autotune.harness import TrialRunner
 
     config = load_config(config_path, [])

@@ -32,7 +32,7 @@ from autotune.backends.onnxruntime import INT8_SCHEME_KNOB, INT8_SCHEMES, OnnxRu
 from autotune.harness import prepare
 from autotune.harness.prepare import SetupError
 from autotune.harness.runner import TrialRunner
-from autotune.model import prepare_model
+from autotune.model.layers import prepare_model
 from autotune.plan import Plan
 from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS, ORT_X86_UINT8_WEIGHTS
@@ -439,7 +439,7 @@ def test_dynamic_is_offered_for_matmul_and_gemm_with_the_exact_weight_range(monk
 
 
 def test_dynamic_is_a_uniform_plan_and_no_other_backend_offers_it(monkeypatch):
-    from autotune.config import SearchSpaceConfig
+    from autotune.config.schema import SearchSpaceConfig
     from autotune.search.space import build_space
 
     force_verdicts(monkeypatch, {"u8s8"})

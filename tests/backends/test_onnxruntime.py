@@ -8,7 +8,7 @@ import pytest
 
 from autotune.backends import BuildError
 from autotune.backends.onnxruntime import OnnxRuntimeCPU, int8_recipe
-from autotune.model import InputSpec, prepare_model
+from autotune.model.layers import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.quant.rewrite import rewrite
 from autotune.testing import tiny_mlp

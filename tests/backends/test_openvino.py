@@ -24,10 +24,10 @@ from autotune.backends.openvino import INFERENCE_PRECISION_KNOB, OpenVINOCPU  # 
 from autotune.backends.openvino import backend as ov_backend  # noqa: E402
 from autotune.backends.openvino import properties as ov_properties  # noqa: E402
 from autotune.backends.openvino import references as ov_references  # noqa: E402
-from autotune.config import BackendConfig  # noqa: E402
+from autotune.config.schema import BackendConfig  # noqa: E402
 from autotune.extras import MissingExtra  # noqa: E402
 from autotune.harness.identity import machine_identity  # noqa: E402
-from autotune.model import InputSpec, prepare_model  # noqa: E402
+from autotune.model.layers import InputSpec, prepare_model  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
 from autotune.quant.lowering import NONE, Quantization, lower  # noqa: E402
 from autotune.testing import tiny_config, tiny_mlp  # noqa: E402
@@ -273,7 +273,7 @@ def test_accuracy_control_judges_the_items_nncf_passes_against_their_own_fp32_ou
 # Not int8_numeric: under qemu -cpu Haswell OpenVINO's FP32 LSTM and GRU already differ from ONNX Runtime's (by
 # as much as the outputs themselves, the FP32 plan too); natively on AVX2 and VNNI CPUs both agree.
 def test_a_model_with_lstm_and_gru_keeps_them_fp32_and_builds_its_int8_plan():
-    from autotune.config import SearchSpaceConfig
+    from autotune.config.schema import SearchSpaceConfig
     from autotune.search.space import build_space
     from autotune.testing import tiny_recurrent_model
 

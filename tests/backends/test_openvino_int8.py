@@ -18,7 +18,7 @@ pytest.importorskip("openvino")
 from autotune.backends import int8_kernels  # noqa: E402
 from autotune.backends.int8_kernels import PATTERNS, isa_features, reduced_range  # noqa: E402
 from autotune.backends.openvino import OPENVINO_RECIPE, OPENVINO_SCHEMES, OpenVINOCPU  # noqa: E402
-from autotune.model import prepare_model  # noqa: E402
+from autotune.model.layers import prepare_model  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
 from autotune.quant.lowering import Quantization  # noqa: E402
 from tests.backends.test_int8_kernels import force_verdicts, int8_weights, weight_dtypes  # noqa: E402

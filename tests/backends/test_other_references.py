@@ -12,8 +12,8 @@ from autotune.backends import get_backend  # noqa: E402
 from autotune.backends.onnxruntime import OnnxRuntimeCPU  # noqa: E402
 from autotune.backends.openvino import OpenVINOCPU  # noqa: E402
 from autotune.backends.other_references import OtherArtifact, WithOtherReferences  # noqa: E402
-from autotune.config import BackendConfig  # noqa: E402
-from autotune.model import InputSpec, prepare_model  # noqa: E402
+from autotune.config.schema import BackendConfig  # noqa: E402
+from autotune.model.layers import InputSpec, prepare_model  # noqa: E402
 from autotune.testing import tiny_config, tiny_mlp  # noqa: E402
 
 

@@ -13,11 +13,11 @@ import gpu  # noqa: E402
 from gpu import resolve  # noqa: E402
 
 from autotune.api import analyze  # noqa: E402
-from autotune.config import dump_config  # noqa: E402
+from autotune.config.schema import dump_config  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
-from autotune.store import TrialStore  # noqa: E402
+from autotune.run.store import TrialStore  # noqa: E402
+from autotune.run.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio  # noqa: E402
 from autotune.testing import tiny_torch_config  # noqa: E402
-from autotune.trial import BACK_TO_BACK, ONE_LAUNCH, TrialResult, ratio  # noqa: E402
 
 BUDGET = 0.01
 
@@ -210,7 +210,7 @@ def _store_with_builds(path: Path) -> None:
 
 
 def test_build_times_are_the_runs_own_builds_and_their_compile_share_and_the_store_keeps_the_set_up(tmp_path):
-    from autotune.runmeta import RunMeta
+    from autotune.run.meta import RunMeta
 
     _store_with_builds(tmp_path / "trials.sqlite")
     times = gpu.build_times(tmp_path / "trials.sqlite")

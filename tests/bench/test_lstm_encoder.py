@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 
 from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import SearchSpaceConfig
-from autotune.model import prepare_model
+from autotune.config.schema import SearchSpaceConfig
+from autotune.model.layers import prepare_model
 from autotune.quant.lowering import Quantization, lower
 from autotune.search.space import build_space
 

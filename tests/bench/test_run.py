@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import dump_config
+from autotune.config.schema import dump_config
 from autotune.plan import Plan
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
 from autotune.testing import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import dump_config
+from autotune.config.schema import dump_config
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.testing import tiny_config
-from autotune.trial import TrialResult
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))

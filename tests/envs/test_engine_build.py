@@ -5,7 +5,7 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import envs
-from autotune.config import RewardConfig
+from autotune.config.schema import RewardConfig
 from autotune.search.episode import plan_from_actions
 from autotune.testing import synthetic_evaluator, tiny_space
 from envs.engine_build import EngineBuildEnv

@@ -10,8 +10,8 @@ import pytest
 from onnx import numpy_helper
 
 from autotune.examples import cnn
-from autotune.model import InputSpec, load_onnx, prepare_model
-from autotune.torch_export import export_torch
+from autotune.model.layers import InputSpec, load_onnx, prepare_model
+from autotune.model.torch_export import export_torch
 
 torch = pytest.importorskip("torch")
 

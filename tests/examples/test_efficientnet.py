@@ -77,7 +77,7 @@ def test_the_shipped_config_exports_the_model_that_the_factory_builds(tmp_path):
     import onnxruntime as ort
     import torch
 
-    from autotune.config import load_config
+    from autotune.config.schema import load_config
     from autotune.data import load_dataset
     from autotune.harness import config_inputs, load_model
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from autotune.cli import main
-from autotune.config import dump_config, load_config, parse_config
+from autotune.config.schema import dump_config, load_config, parse_config
 from autotune.examples import encoder
-from autotune.model import resolve_callable
+from autotune.model.layers import resolve_callable
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "encoder-fp8-gpu.yaml"
 SMALL = {"hidden": 64, "ffn": 128, "heads": 4, "vocab": 2000}

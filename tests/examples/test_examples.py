@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from autotune.config import load_config
+from autotune.config.schema import load_config
 from autotune.examples import cnn, sentences
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

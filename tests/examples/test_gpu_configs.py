@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.config import load_config
-from autotune.model import resolve_callable
+from autotune.config.schema import load_config
+from autotune.model.layers import resolve_callable
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 GPU_CONFIGS = {

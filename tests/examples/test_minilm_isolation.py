@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from autotune.config import load_config
+from autotune.config.schema import load_config
 from autotune.harness import load_model
 from autotune.plan import Plan
 from autotune.quant.recipe import ORT_X86

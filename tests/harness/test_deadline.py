@@ -11,8 +11,8 @@ from autotune.harness.deadline import (
     TrialCosts,
 )
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.testing import tiny_config
-from autotune.trial import TrialResult
 from autotune.tune import tune
 
 PLAN = Plan.uniform(["a", "b"], "int8")

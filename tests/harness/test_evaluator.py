@@ -6,9 +6,9 @@ import pytest
 
 from autotune.harness.evaluator import Evaluator, _result
 from autotune.plan import Plan
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
+from autotune.run.trial import FAILED, OK, TIMEOUT
 from autotune.testing import tiny_config
-from autotune.trial import FAILED, OK, TIMEOUT
 
 
 @pytest.fixture

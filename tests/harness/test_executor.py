@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from autotune.config import ConfigError
+from autotune.config.schema import ConfigError
 from autotune.harness import Evaluator
 from autotune.harness.executor import LocalPool, core_groups
-from autotune.store import TrialStore
-from autotune.trial import FAILED, OK
+from autotune.run.store import TrialStore
+from autotune.run.trial import FAILED, OK
 from autotune.tune import tune
 from tests.reliability import faults
 from tests.reliability.helpers import distinct_plans, fast_config, measure_counts

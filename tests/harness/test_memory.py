@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from autotune.backends import backend_class
-from autotune.config import ConfigError
+from autotune.config.schema import ConfigError
 from autotune.harness.earlier_runs import import_runs
 from autotune.harness.identity import (
     KEY_META,
@@ -22,10 +22,10 @@ from autotune.harness.identity import (
 from autotune.harness.prepare import load_model
 from autotune.harness.priors import lent_runtime_shares, prior_inputs, store_prior_inputs, stored_runtime_shares
 from autotune.plan import Plan
+from autotune.run.store import TrialStore
+from autotune.run.trial import TrialResult
 from autotune.search.prior import PriorInputs
-from autotune.store import TrialStore
 from autotune.testing import tiny_config, tiny_space
-from autotune.trial import TrialResult
 
 KEY = {"model": "abc", "machine": {"cpu": "EPYC", "isa": ["avx2"], "cores": 2}, "libraries": {"onnx": "1.17"}}
 

@@ -22,7 +22,7 @@ from autotune.harness.prepare import (
     search_space,
     with_runtime_shares,
 )
-from autotune.model import InputSpec
+from autotune.model.layers import InputSpec
 from autotune.plan import CALIBRATION_KNOB, Plan
 from autotune.testing import tiny_config
 

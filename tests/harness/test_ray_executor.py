@@ -9,8 +9,8 @@ import pytest
 
 from autotune.harness import Evaluator
 from autotune.harness.executor import RayPool
-from autotune.store import TrialStore
-from autotune.trial import OK
+from autotune.run.store import TrialStore
+from autotune.run.trial import OK
 from autotune.tune import tune
 from tests.reliability import faults
 from tests.reliability.helpers import REPO, distinct_plans, fast_config, measure_counts

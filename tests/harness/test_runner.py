@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from autotune.harness.runner import TrialRunner
-from autotune.measure import Protocol
+from autotune.measure.timing import Protocol
 from autotune.plan import Plan
+from autotune.run.trial import FAILED, OK
 from autotune.testing import tiny_config
-from autotune.trial import FAILED, OK
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,8 @@ def test_a_side_by_side_request_of_plans_that_all_fail_times_nothing(runner, mon
 
 
 def test_the_trial_process_settles_once_and_its_later_trials_time_only_their_rounds(runner, monkeypatch, tmp_path):
-    from autotune.harness.machine_pace import RememberedPace
-    from autotune.measure import ReferencePace
+    from autotune.measure.pace import RememberedPace
+    from autotune.measure.timing import ReferencePace
 
     pace = ReferencePace()  # a process on a machine nothing remembers
     monkeypatch.setattr(runner, "_paces", {"evaluation": (pace, RememberedPace(tmp_path, "a key"))})
@@ -187,7 +187,7 @@ def test_the_reference_is_built_with_the_backends_reference_knobs_and_at_the_def
 
 
 def test_a_gated_torch_runner_makes_the_factorys_module_before_it_waits_and_not_again(tmp_path):
-    from autotune.model import factory_module
+    from autotune.model.layers import factory_module
     from autotune.testing import tiny_torch_config
 
     config = tiny_torch_config(tmp_path)

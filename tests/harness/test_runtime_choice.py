@@ -134,7 +134,7 @@ def test_a_model_onnx_runtime_cannot_set_up_stops_the_choice_with_the_runs_own_e
 def test_a_dumped_cpu_config_switched_to_another_backend_still_validates(tmp_path):
     import yaml
 
-    from autotune.config import ConfigError, dump_config, parse_config
+    from autotune.config.schema import ConfigError, dump_config, parse_config
 
     data = yaml.safe_load(dump_config(tiny_config(tmp_path)))
     assert data["backend"]["options"] == {"reference_runtimes": []}

@@ -11,8 +11,8 @@ import pytest
 from autotune.harness.evaluator import Evaluator
 from autotune.harness.sequential import SequentialTest, ratio_lower_bound, t_quantile
 from autotune.metrics import drop_of_ratio
+from autotune.run.store import TrialStore
 from autotune.search.reward import meets_budget, reward, reward_of
-from autotune.store import TrialStore
 from autotune.testing import tiny_config
 
 BUDGET = 0.01

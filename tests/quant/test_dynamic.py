@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autotune.backends.int8_kernels import dynamic_verdicts, dynamic_weight_max
 from autotune.backends.onnxruntime import OnnxRuntimeCPU, _probe_session
-from autotune.model import build_layer_table
+from autotune.model.layers import build_layer_table
 from autotune.plan import Plan
 from autotune.quant.dynamic import DYNAMIC
 from autotune.quant.graphedit import RewriteError

@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from autotune.model import InputSpec, prepare_model
+from autotune.model.layers import InputSpec, prepare_model
 from autotune.plan import DYNAMIC, Plan
 from autotune.quant import forms as forms_module
 from autotune.quant.calibrate import calibrate

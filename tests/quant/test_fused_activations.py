@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from autotune.backends.onnxruntime import OnnxRuntimeCPU, int8_recipe
-from autotune.model import LoadedModel, prepare_model
+from autotune.model.layers import LoadedModel, prepare_model
 from autotune.plan import Plan
 from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, collect_statistics
 from autotune.quant.placement import GATE_RANGE

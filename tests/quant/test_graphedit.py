@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.model import Layer
+from autotune.model.layers import Layer
 from autotune.quant.graphedit import GraphEditor, RewriteError, default_opset, ensure_opset
 
 

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from autotune.backends.onnxruntime import int8_recipe
 from autotune.harness import TrialRunner
 from autotune.metrics import SNR_CAP_DB, snr_db
-from autotune.model import InputSpec, prepare_model
+from autotune.model.layers import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.quant import layerwise, probe
 from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, calibrate

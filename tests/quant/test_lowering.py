@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from autotune.model import InputSpec, prepare_model
+from autotune.model.layers import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.quant.lowering import NONE, Quantization, lower
 from autotune.quant.qparams import activation_qparams

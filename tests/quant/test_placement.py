@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from autotune.backends.onnxruntime import OnnxRuntimeCPU, int8_recipe
 from autotune.backends.tensorrt.rules import qdq_problems
-from autotune.model import LoadedModel, prepare_model
+from autotune.model.layers import LoadedModel, prepare_model
 from autotune.plan import Plan
 from autotune.quant.calibrate import DEFAULT_SETTINGS, Calibration, collect_statistics
 from autotune.quant.layerwise import choose_layer_methods

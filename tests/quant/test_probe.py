@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.model import InputSpec, prepare_model
+from autotune.model.layers import InputSpec, prepare_model
 from autotune.quant.probe import (
     _reads,
     _value_info,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from autotune.model import InputSpec, prepare_model
+from autotune.model.layers import InputSpec, prepare_model
 from autotune.plan import Plan
 from autotune.quant.recipe import (
     ORT_X86,

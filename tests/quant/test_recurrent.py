@@ -18,8 +18,8 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from autotune import api
 from autotune.backends.int8_kernels import probe_scheme
 from autotune.backends.onnxruntime import OnnxRuntimeCPU
-from autotune.config import SearchSpaceConfig
-from autotune.model import prepare_model
+from autotune.config.schema import SearchSpaceConfig
+from autotune.model.layers import prepare_model
 from autotune.plan import Plan
 from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import ORT_X86, ORT_X86_7BIT_WEIGHTS

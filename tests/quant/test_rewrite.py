@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NotImplementedInRuntime
 
 from autotune.backends.onnxruntime import int8_recipe
-from autotune.model import Layer, prepare_model
+from autotune.model.layers import Layer, prepare_model
 from autotune.plan import Plan
 from autotune.quant.qparams import (
     activation_qparams,

@@ -15,13 +15,13 @@ import pytest
 
 from autotune.api import analyze
 from autotune.cli import main
-from autotune.config import TuneConfig, dump_config
+from autotune.config.schema import TuneConfig, dump_config
+from autotune.run.store import TrialStore
 from autotune.search.episode import decisions, plan_from_actions
-from autotune.store import TrialStore
 from autotune.testing import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-# What the machine's other work does to a measurement is tests/test_measure.py's; these runs' stderr is exact.
+# What the machine's other work does to a measurement is tests/measure/test_timing.py's; these runs' stderr is exact.
 FAST_MEASURE = {
     "warmup": 1,
     "repeats": 1,
@@ -34,7 +34,7 @@ FAST_MEASURE = {
 FAST_CONFIRM = {"top_k": 2, "repeats": 1, "rounds": 1}
 ONE_LINERS_BEFORE_SEARCH = 2
 """Counted trial calls before a tiny run's first build: its one-liners (``ort-static``, ``ort-dynamic``), scored
-beside the self-check before the search (``autotune.harness.selfcheck.check_search_timing``)."""
+beside the self-check before the search (``autotune.measure.selfcheck.check_search_timing``)."""
 
 
 def error_lines(stderr: str) -> list[str]:

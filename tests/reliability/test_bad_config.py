@@ -1,5 +1,5 @@
 """Bad configs: refused with exit code 2, the key path and what is allowed, and nothing written. Also: no input is
-ever unpickled or loaded with an unsafe YAML loader. Validation details live in tests/test_config.py."""
+ever unpickled or loaded with an unsafe YAML loader. Validation details live in tests/config/test_schema.py."""
 
 from __future__ import annotations
 

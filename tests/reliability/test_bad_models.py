@@ -1,5 +1,6 @@
 """Bad models: each is refused by `autotune tune` with exit code 2, a message naming the file and the fix, and no
-run directory (so nothing a resume would trust). Unit-level checks of the same errors live in tests/test_model.py."""
+run directory (so nothing a resume would trust). Unit-level checks of the same errors live in
+tests/model/test_layers.py."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ import onnx
 import pytest
 
 from autotune.plan import Plan
-from autotune.store import StoreError, TrialStore
+from autotune.run.store import StoreError, TrialStore
+from autotune.run.trial import TrialResult
 from autotune.testing import tiny_mlp
-from autotune.trial import TrialResult
 from autotune.tune import tune
 from tests.reliability.helpers import (
     REPO,
@@ -132,7 +132,7 @@ _KILLED_WRITER = textwrap.dedent(
     import onnx
     from autotune.backends.onnxruntime import OnnxRuntimeCPU
     from autotune.backends import GraphArtifact
-    from autotune.files import write_json
+    from autotune.run.files import write_json
     from autotune.testing import tiny_mlp
 
     def pause(*args, **kwargs):

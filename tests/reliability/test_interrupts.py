@@ -1,6 +1,6 @@
 """Ctrl-C, SIGTERM and SIGKILL of a whole run: the store stays consistent, no process is left behind, and
 `autotune resume` finishes the run without losing a committed trial or measuring one twice. SIGKILL during the
-search and during a store write are in tests/test_tune.py and tests/test_store.py."""
+search and during a store write are in tests/test_tune.py and tests/run/test_store.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from contextlib import closing
 import onnx
 import pytest
 
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
 from tests.reliability import faults
 from tests.reliability.helpers import (
     ONE_LINERS_BEFORE_SEARCH,

@@ -16,9 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 from autotune.backends.base import Capabilities, Knob
 from autotune.backends.onnxruntime import OnnxRuntimeCPU
 from autotune.backends.tensorrt.rules import SUPPORTED_DQ_CONSUMERS, qdq_problems
-from autotune.config import SearchSpaceConfig
-from autotune.model import Layer, prepare_model
-from autotune.optypes import TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
+from autotune.config.schema import SearchSpaceConfig
+from autotune.model.layers import Layer, prepare_model
+from autotune.model.optypes import TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, PRECISIONS, Plan
 from autotune.quant.recipe import ORT_X86, TENSORRT
 from autotune.quant.rewrite import required_ranges, rewrite

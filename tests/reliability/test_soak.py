@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.store import TrialStore
+from autotune.run.store import TrialStore
 from tests.reliability import faults
 from tests.reliability.helpers import (
     env,

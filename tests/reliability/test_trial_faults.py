@@ -13,8 +13,8 @@ import pytest
 
 from autotune.cli import main
 from autotune.harness import Evaluator, SetupError
-from autotune.store import TrialStore
-from autotune.trial import FAILED, OK, TIMEOUT
+from autotune.run.store import TrialStore
+from autotune.run.trial import FAILED, OK, TIMEOUT
 from autotune.tune import tune
 from tests.reliability import faults
 from tests.reliability.helpers import (

@@ -9,6 +9,7 @@ from autotune.search.agent import LATEST, AgentPaths, TrialModels, imitate, trai
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.driver import Driver, OneByOne
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
+from envs.engine_build import EngineBuildEnv
 
 
 def _recording_evaluator(space):
@@ -42,7 +43,7 @@ def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path,
         ppo={"episodes_per_update": 2, "imagined_episodes": 0},
         planner={"probe_plans": probes},
     )
-    train(config, space, _driver(config, real, lambda: len(built)), _paths(tmp_path))
+    train(config, space, _driver(config, real, lambda: len(built)), _paths(tmp_path), make_env=EngineBuildEnv)
     expected = probe_plans(space, max_plans=18 // 3)
     assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
     assert (built[: len(expected)] == expected) is probes
@@ -71,6 +72,7 @@ def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
             _driver(config, real, lambda: len(built)),
             _paths(tmp_path),
             TrialModels(surrogate=lambda: _InterruptedRehearsal()),
+            make_env=EngineBuildEnv,
         )
     assert len(built) == 8  # the probes (an 8-run design for 4 layers), then the interrupted rehearsal
     assert (tmp_path / "ckpt" / LATEST).exists()
@@ -92,6 +94,7 @@ def test_ctrl_c_during_the_probes_still_saves_the_agent(tmp_path):
             space,
             _driver(config, interrupted_at_the_third_probe, lambda: len(built)),
             _paths(tmp_path),
+            make_env=EngineBuildEnv,
         )
     assert len(built) == 2 and (tmp_path / "ckpt" / LATEST).exists()
 
@@ -104,7 +107,7 @@ class _FixedModel:
         return 1.0 / (1.0 - 0.1 * quantized), 0.006 * quantized
 
     def result(self, plan):
-        from autotune.trial import TrialResult
+        from autotune.run.trial import TrialResult
 
         speedup, drop = self.predict(plan)
         return TrialResult(plan=plan, speedup=speedup, accuracy_drop=drop, split="surrogate", from_store=True)
@@ -128,6 +131,7 @@ def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **planner):
         _driver(config, real, lambda: len(built)),
         _paths(tmp_path),
         TrialModels(surrogate=lambda: model),
+        make_env=EngineBuildEnv,
     )
     return config, model, space, built
 
@@ -205,6 +209,7 @@ def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehea
         _driver(resumed, real, lambda: len(built)),
         _paths(tmp_path, resume=True),
         TrialModels(surrogate=lambda: model),
+        make_env=EngineBuildEnv,
     )
     assert calls == [] and len(built) == 4
 
@@ -243,6 +248,7 @@ def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_l
         _driver(config, real, lambda: len(built)),
         _paths(tmp_path),
         TrialModels(fitted.surrogate, fitted.estimates, fitted.measured, fitted.prior),
+        make_env=EngineBuildEnv,
     )
     first = {n for n, p in built[0].precisions if p != "fp32"}
     assert first == {names[0], names[3]}  # fc1 and fc3 together (0.0035) exceed the budget (0.003); fc1 saves more
@@ -292,7 +298,7 @@ class _TimedHarness:
         self.now, self.seconds, self.workers, self.builds = now, seconds, workers, 0
 
     def evaluate_many(self, plans, limit=None):
-        from autotune.trial import TrialResult
+        from autotune.run.trial import TrialResult
 
         for plan in plans:
             self.now[0] += self.seconds
@@ -367,6 +373,7 @@ def _train_on_a_store(tmp_path, budget: dict, ppo: dict) -> tuple[dict, int]:
         _driver(config, stored, lambda: len(measured)),
         _paths(tmp_path),
         TrialModels(surrogate=lambda: model, measured=lambda: set(measured)),
+        make_env=EngineBuildEnv,
     )
     return measured, calls["n"]
 

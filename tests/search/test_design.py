@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autotune.backends.base import Capabilities
-from autotune.model import Layer
+from autotune.model.layers import Layer
 from autotune.search.design import design_order, hadamard, model_best_plan, probe_plans
 from autotune.search.estimate import fit_additive
 from autotune.search.space import SearchSpace

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from autotune.run.trial import TrialResult
 from autotune.search.driver import Driver, OneByOne
 from autotune.testing import synthetic_evaluator, tiny_space
-from autotune.trial import TrialResult
 
 
 class _Repeating:
@@ -122,7 +122,7 @@ def test_the_stall_rule_is_the_configured_one_in_a_large_space():
 
 def test_the_seeded_knob_is_timed_on_the_fastest_int8_seed_with_each_other_value():
     from autotune.capabilities import Knob
-    from autotune.model import Layer
+    from autotune.model.layers import Layer
     from autotune.search.driver import time_seeded_knobs
     from autotune.search.space import SearchSpace
 

@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 
 from autotune.plan import INT8_SCHEME_KNOB, Plan
+from autotune.run.trial import TrialResult
 from autotune.search.episode import decisions, observe
 from autotune.search.estimate import ACCURACY_KNOBS, MIN_TRIALS, fit_additive, fit_surrogate
 from autotune.testing import tiny_space
-from autotune.trial import TrialResult
 
 NAMES = ["a", "b", "c", "d"]
 SAVING = {"a": 0.05, "b": 0.30, "c": 0.10, "d": 0.0}

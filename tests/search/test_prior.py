@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.estimate import ACCURACY_KNOBS, fit_additive, fit_surrogate, ridge_least_squares
 from autotune.search.prior import DEFAULT_DROP_PER_ERROR, DEFAULT_INT8_SAVING, PriorInputs, layer_prior, unsure_groups
 from autotune.testing import tiny_space
-from autotune.trial import TrialResult
 
 NAMES = ("a", "b", "c", "d")
 SHARES = (0.1, 0.4, 0.2, 0.3)

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from autotune.config import RewardConfig
+from autotune.config.schema import RewardConfig
 from autotune.plan import Plan
+from autotune.run.trial import TIMEOUT, TrialResult
 from autotune.search.reward import meets_budget, reward
-from autotune.trial import TIMEOUT, TrialResult
 
 PLAN = Plan.make({"fc1": "int8"})
 

@@ -3,10 +3,10 @@ import itertools
 import pytest
 
 from autotune.plan import Plan
+from autotune.run.trial import TrialResult
 from autotune.search.estimate import fit_surrogate
 from autotune.search.select import confirmation_order, expected_speedups, pareto_front, profile_speedups
 from autotune.testing import tiny_config
-from autotune.trial import TrialResult
 
 
 def _result(name, speedup, drop, status="ok"):

@@ -2,12 +2,12 @@ import dataclasses
 
 import pytest
 
-from autotune.config import ConfigError
+from autotune.config.schema import ConfigError
+from autotune.run.store import TrialStore
 from autotune.search import strategies
 from autotune.search.driver import Driver
 from autotune.search.registry import STRATEGIES, SearchInputs
 from autotune.search.reward import meets_budget
-from autotune.store import TrialStore
 from autotune.testing import synthetic_evaluator, tiny_config, tiny_space
 from autotune.tune import tune
 from tests.reliability.helpers import measure_counts

@@ -42,11 +42,11 @@ from autotune.backends.openvino.properties import (
 )
 from autotune.backends.openvino.references import available_references, reference_model
 from autotune.capabilities import Capabilities, Knob
-from autotune.files import write_json
-from autotune.optypes import RECURRENT_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES
+from autotune.model.optypes import RECURRENT_OP_TYPES, TUNABLE_OP_TYPES, WEIGHTED_OP_TYPES
 from autotune.plan import KnobValue, Plan
 from autotune.quant.lowering import Quantization, lower
 from autotune.quant.recipe import QuantRecipe
+from autotune.run.files import write_json
 
 
 @dataclass

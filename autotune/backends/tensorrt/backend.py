@@ -45,11 +45,11 @@ from autotune.backends.tensorrt.options import (
 )
 from autotune.backends.tensorrt.rules import QDQError, check_qdq, requested_precisions
 from autotune.capabilities import Capabilities
-from autotune.config import TensorRTOptions
-from autotune.files import atomic_write
+from autotune.config.schema import TensorRTOptions
 from autotune.plan import KnobValue, Plan
 from autotune.quant.lowering import NONE
 from autotune.quant.recipe import TENSORRT
+from autotune.run.files import atomic_write
 
 _log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class TensorRTBackend(GraphBackend):
     """TensorRT engines on one NVIDIA GPU.
 
     Args:
-        options: ``backend.options``, validated by the config (``autotune.config.TensorRTOptions``); default
+        options: ``backend.options``, validated by the config (``autotune.config.schema.TensorRTOptions``); default
             its defaults.
 
     Raises:
@@ -125,7 +125,9 @@ class TensorRTBackend(GraphBackend):
     def __init__(self, options: TensorRTOptions | None = None):
         if options is not None and not isinstance(options, TensorRTOptions):
             # Another backend's options (or a raw dict) would fail later with an obscure attribute error.
-            raise TypeError(f"TensorRTBackend takes autotune.config.TensorRTOptions, got {type(options).__name__}")
+            raise TypeError(
+                f"TensorRTBackend takes autotune.config.schema.TensorRTOptions, got {type(options).__name__}"
+            )
         self.options = options if options is not None else TensorRTOptions()
         self.trt = import_tensorrt()
         self.cuda = CudaRuntime(import_cudart(), self.options.device)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.config import TILING_LEVELS
+from autotune.config.schema import TILING_LEVELS
 from autotune.plan import KnobValue
 
 WORKSPACE_KNOB = "workspace_mib"

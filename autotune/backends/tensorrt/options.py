@@ -29,9 +29,9 @@ from autotune.backends.tensorrt.command import (
 )
 from autotune.backends.tensorrt.rules import SUPPORTED_DQ_CONSUMERS
 from autotune.capabilities import Knob
-from autotune.config import TensorRTOptions
-from autotune.model import Layer
-from autotune.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
+from autotune.config.schema import TensorRTOptions
+from autotune.model.layers import Layer
+from autotune.model.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
 from autotune.plan import KnobValue, Plan
 from autotune.quant.basetype import BASE_PRECISION_KNOB, BASE_PRECISIONS
 

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from autotune.optypes import WEIGHTED_OP_TYPES
+from autotune.model.optypes import WEIGHTED_OP_TYPES
 
 FLOAT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 """Types a QuantizeLinear may read and a DequantizeLinear may write."""

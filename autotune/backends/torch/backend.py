@@ -40,14 +40,14 @@ from autotune.backends.torch.runtime import TorchArtifact, make_artifact, run_on
 from autotune.backends.torch.smoothing import FoldFinder, sample_inputs
 from autotune.backends.torch.torchao_linear import TORCHAO, TORCHAO_MODULE, torchao
 from autotune.capabilities import Capabilities
-from autotune.config import TorchOptions
+from autotune.config.schema import TorchOptions
 from autotune.extras import MissingExtra, check_installed
 from autotune.plan import CALIBRATION_KNOB, GRANULARITY_KNOB, KnobValue, Plan
 from autotune.quant.lowering import Quantization
 from autotune.quant.recipe import TORCH
 
 if TYPE_CHECKING:
-    from autotune.model import LoadedModel
+    from autotune.model.layers import LoadedModel
     from autotune.quant.calibrate import StatisticsCollector
 
 NEEDS_FACTORY = (
@@ -103,12 +103,13 @@ class TorchBackend(Backend):
 
     Args:
         factory: ``model.torch``, the ``package.module:function`` that returns the FP32 module.
-        options: ``backend.options`` (``autotune.config.TorchOptions``): ``device`` is ``cuda`` (the default),
+        options: ``backend.options`` (``autotune.config.schema.TorchOptions``): ``device`` is ``cuda`` (the default),
             ``cuda:N``, or ``cpu`` for eager CPU runs.
 
     Raises:
         BackendUnavailable: No factory (an ONNX-only model), or no CUDA device for ``device: cuda``.
-        TypeError: ``options`` is not a ``TorchOptions`` (validate a dict with ``autotune.config.BackendConfig``).
+        TypeError: ``options`` is not a ``TorchOptions`` (validate a dict with
+            ``autotune.config.schema.BackendConfig``).
     """
 
     exports_batch_free = True
@@ -125,7 +126,7 @@ class TorchBackend(Backend):
             raise BackendUnavailable(NEEDS_FACTORY)
         if options is not None and not isinstance(options, TorchOptions):
             # Another backend's options (or a raw dict) would fail later with an obscure attribute error.
-            raise TypeError(f"TorchBackend takes autotune.config.TorchOptions, got {type(options).__name__}")
+            raise TypeError(f"TorchBackend takes autotune.config.schema.TorchOptions, got {type(options).__name__}")
         self.options = options if options is not None else TorchOptions()
         self.factory = factory
         self.device = self.options.device
@@ -205,7 +206,7 @@ class TorchBackend(Backend):
     def fp32_module(self) -> Any:
         """The factory's module in eval mode on the CPU, made once; builds rewrite deep copies of it."""
         if self._fp32 is None:
-            from autotune.model import factory_module
+            from autotune.model.layers import factory_module
 
             self._fp32 = factory_module(self.factory)
         return self._fp32
@@ -217,7 +218,7 @@ class TorchBackend(Backend):
             ValueError: A searched layer has no module (the message names ``search.exclude_layers``), or the
                 factory's weights differ from the ONNX export's.
         """
-        from autotune.model import weight_array
+        from autotune.model.layers import weight_array
 
         output_shapes = [
             tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)

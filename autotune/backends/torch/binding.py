@@ -15,10 +15,10 @@ import numpy as np
 
 from autotune.backends.torch.device import TORCH_CONV_OP_TYPES
 from autotune.backends.torch.runtime import static_inputs
-from autotune.optypes import MATMUL_OP_TYPES
+from autotune.model.optypes import MATMUL_OP_TYPES
 
 if TYPE_CHECKING:
-    from autotune.model import InputSpec, Layer
+    from autotune.model.layers import InputSpec, Layer
 
 
 def module_path(layer_name: str) -> str:

@@ -22,7 +22,7 @@ from autotune.quant.calibrate import nonfinite_error
 from autotune.quant.histogram import TensorStats
 
 if TYPE_CHECKING:
-    from autotune.model import Layer
+    from autotune.model.layers import Layer
 
 
 def module_inputs(

@@ -19,10 +19,10 @@ from typing import Any
 
 from autotune.backends.base import BackendUnavailable, owns_devices
 from autotune.capabilities import Capabilities, Knob
-from autotune.optypes import MATMUL_OP_TYPES
+from autotune.model.optypes import MATMUL_OP_TYPES
 from autotune.plan import KnobValue
 
-# Convolutions the backend rewrites: nn.Conv1d/2d/3d. ConvTranspose (in autotune.optypes.CONV_OP_TYPES) has no
+# Convolutions the backend rewrites: nn.Conv1d/2d/3d. ConvTranspose (in autotune.model.optypes.CONV_OP_TYPES) has no
 # wrapper here, so its layers are offered FP32 only.
 TORCH_CONV_OP_TYPES = ("Conv",)
 

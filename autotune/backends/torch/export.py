@@ -15,11 +15,11 @@ from autotune.backends.torch.modules import ModuleChoice, ModuleSmoothing, rewri
 from autotune.backends.torch.runtime import TorchArtifact, apply_flags, make_artifact
 from autotune.backends.torch.smoothing import smoothed_paths
 from autotune.backends.torch.torchao_linear import TORCHAO, WRAPPERS
-from autotune.files import atomic_write
 from autotune.plan import Plan
+from autotune.run.files import atomic_write
 
 if TYPE_CHECKING:
-    from autotune.model import InputSpec
+    from autotune.model.layers import InputSpec
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def load_exported(out_dir: str | Path, device: str = "cpu") -> Any:
     """
     import torch
 
-    from autotune.model import resolve_callable
+    from autotune.model.layers import resolve_callable
 
     out_dir = Path(out_dir)
     manifest = json.loads((out_dir / "manifest.json").read_text())
@@ -266,7 +266,7 @@ def load_engine(out_dir: str | Path, device: str | None = None) -> LoadedEngine:
     Raises:
         BuildError: The rebuilt module's compile or capture failed.
     """
-    from autotune.model import InputSpec
+    from autotune.model.layers import InputSpec
 
     manifest = json.loads((Path(out_dir) / "manifest.json").read_text())
     device = device or str(manifest.get("device", {}).get("device", "cpu"))

@@ -29,7 +29,7 @@ from autotune.backends.torch.wrappers import wrappers
 from autotune.quant.probe import sample_powers
 
 if TYPE_CHECKING:
-    from autotune.model import Layer
+    from autotune.model.layers import Layer
 
 
 REPLAY_BYTES = 4 << 30

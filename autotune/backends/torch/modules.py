@@ -24,7 +24,7 @@ from autotune.plan import Plan
 from autotune.quant.qparams import activation_qparams, fp8_activation_scale
 
 if TYPE_CHECKING:
-    from autotune.model import Layer
+    from autotune.model.layers import Layer
 
 
 @dataclass(frozen=True)

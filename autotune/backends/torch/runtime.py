@@ -27,7 +27,7 @@ from autotune.backends.torch.device import (
 from autotune.plan import KnobValue
 
 if TYPE_CHECKING:
-    from autotune.model import InputSpec
+    from autotune.model.layers import InputSpec
 
 _RECOMPILE_LIMIT = 4096
 """One process compiles many variants of the same module classes (one per plan); dynamo's default limit of 8

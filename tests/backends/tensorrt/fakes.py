@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from types import SimpleNamespace
 
-from autotune.config import TensorRTOptions
+from autotune.config.schema import TensorRTOptions
 
 ENUMS_11 = {
     "TacticSource": {"EDGE_MASK_CONVOLUTIONS": 0, "JIT_CONVOLUTIONS": 1},

@@ -25,8 +25,8 @@ from autotune.backends.onnxruntime import OnnxRuntimeCPU
 from autotune.backends.tensorrt import CudaRuntime, TensorRTBackend, TensorRTEngine, import_cudart
 from autotune.backends.tensorrt.engine import _Tensor
 from autotune.backends.tensorrt.inspect import PrecisionReport
-from autotune.config import BackendConfig, ConfigError, dump_config
-from autotune.measure import Protocol, interleaved
+from autotune.config.schema import BackendConfig, ConfigError, dump_config
+from autotune.measure.timing import Protocol, interleaved
 from autotune.quant.lowering import NONE
 from autotune.testing import tiny_config, typed_model
 

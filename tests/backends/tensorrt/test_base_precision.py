@@ -27,8 +27,8 @@ from autotune.backends.tensorrt.options import (
 )
 from autotune.backends.tensorrt.rules import check_qdq, requested_precisions
 from autotune.capabilities import Capabilities
-from autotune.config import SearchSpaceConfig
-from autotune.model import LoadedModel, prepare_model
+from autotune.config.schema import SearchSpaceConfig
+from autotune.model.layers import LoadedModel, prepare_model
 from autotune.plan import Plan
 from autotune.quant.basetype import BASE_PRECISION_KNOB, range_float_ops
 from autotune.quant.graphedit import RewriteError

@@ -26,9 +26,9 @@ from autotune.backends.tensorrt import (
 )
 from autotune.backends.tensorrt.command import shell_script, tactic_mask, tactic_source_values, trtexec_command
 from autotune.backends.tensorrt.rules import SUPPORTED_DQ_CONSUMERS
-from autotune.config import BackendConfig, SearchSpaceConfig, TensorRTOptions, parse_config
-from autotune.model import InputSpec, prepare_model
-from autotune.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
+from autotune.config.schema import BackendConfig, SearchSpaceConfig, TensorRTOptions, parse_config
+from autotune.model.layers import InputSpec, prepare_model
+from autotune.model.optypes import WEIGHTED_OP_TYPES, WEIGHTLESS_OP_TYPES
 from autotune.search.space import build_space
 from autotune.testing import tiny_mlp
 from tests.backends.tensorrt.fakes import OPTIONS, fake_trt

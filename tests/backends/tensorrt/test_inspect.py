@@ -21,7 +21,7 @@ from autotune.backends.tensorrt.inspect import (
     parse_engine_info,
     summarize,
 )
-from autotune.config import TensorRTOptions
+from autotune.config.schema import TensorRTOptions
 
 REQUESTED = {"fc1": "int8", "fc2": "fp16", "fc3": "int8", "head": "fp32"}
 US = "\x1f"  # TensorRT joins the ONNX nodes of a fused layer with the ASCII unit separator

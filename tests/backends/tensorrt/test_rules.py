@@ -16,7 +16,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
 from autotune.backends.tensorrt.rules import QDQError, check_qdq, qdq_problems, requested_precisions
-from autotune.model import InputSpec, LoadedModel, prepare_model
+from autotune.model.layers import InputSpec, LoadedModel, prepare_model
 from autotune.plan import Plan
 from autotune.quant.qparams import activation_qparams, fake_quant, quantize_weight
 from autotune.quant.recipe import ORT_X86, TENSORRT

@@ -10,7 +10,7 @@ import autotune.backends.torch.backend as backend_module
 from autotune.api import analyze
 from autotune.backends import BackendUnavailable, BuildError, get_backend
 from autotune.backends.torch import DeviceInfo, TorchBackend, runtime_flags
-from autotune.config import BackendConfig, ConfigError, ModelConfig
+from autotune.config.schema import BackendConfig, ConfigError, ModelConfig
 from autotune.quant.lowering import Quantization
 from autotune.testing import tiny_torch_config
 
@@ -32,7 +32,7 @@ def test_options_are_checked():
         BackendConfig(name="torch", options={"devcie": "cpu"})
     with pytest.raises(ValueError, match=r"(?s)options\.device.*should match pattern"):
         BackendConfig(name="torch", options={"device": "tpu"})
-    with pytest.raises(TypeError, match="takes autotune.config.TorchOptions, got dict"):
+    with pytest.raises(TypeError, match="takes autotune.config.schema.TorchOptions, got dict"):
         TorchBackend(FACTORY, {"device": "cpu"})
     backend = get_backend(BackendConfig(name="torch", options={"device": "cpu"}), ModelConfig(torch=FACTORY))
     assert isinstance(backend, TorchBackend) and backend.device == "cpu"
@@ -189,7 +189,7 @@ def test_gpu_max_autotune_with_gemm_backends(cuda_runner):
 
 
 def test_a_search_on_the_torch_backend_seeds_whole_model_floats_then_quantized_plans_on_the_faster_base(tmp_path):
-    from autotune.store import TrialStore
+    from autotune.run.store import TrialStore
     from autotune.tune import tune
 
     config = tiny_torch_config(tmp_path, budget={"builds": 6})

@@ -22,8 +22,8 @@ from autotune.backends.torch import (
 )
 from autotune.backends.torch.attention import attention_implementations, set_attention
 from autotune.capabilities import Capabilities, Knob
-from autotune.config import SearchSpaceConfig
-from autotune.model import Layer
+from autotune.config.schema import SearchSpaceConfig
+from autotune.model.layers import Layer
 from autotune.plan import Plan
 from autotune.search.space import build_space
 from autotune.testing import tiny_torch_cnn, tiny_torch_mlp
@@ -277,7 +277,7 @@ def test_attention_is_a_knob_only_where_the_model_can_swap_it():
 def test_one_liners_and_the_default_plan_run_the_users_attention(tmp_path):
     """The references are built on the attention a transformers user has (SDPA), not the factory's eager one."""
     from autotune.backends.torch import TorchBackend
-    from autotune.config import TorchOptions
+    from autotune.config.schema import TorchOptions
 
     _tiny_bert()  # skips without transformers
     backend = TorchBackend("tests.backends.torch.test_base_precision:_tiny_bert", TorchOptions(device="cpu"))

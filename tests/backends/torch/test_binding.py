@@ -8,9 +8,9 @@ from autotune.api import analyze
 from autotune.backends.torch import bind_layers, count_calls, module_path, resolve_module_path
 from autotune.backends.torch.binding import one_row
 from autotune.harness import SetupError, TrialRunner
-from autotune.model import InputSpec, load_onnx, prepare_model, weight_array
+from autotune.model.layers import InputSpec, load_onnx, prepare_model, weight_array
+from autotune.model.torch_export import export_torch
 from autotune.testing import tiny_torch_config
-from autotune.torch_export import export_torch
 
 HERE = "tests.backends.torch.test_binding"
 

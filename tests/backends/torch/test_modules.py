@@ -16,7 +16,7 @@ from autotune.backends.torch import (
     probe_device,
     rewrite_module,
 )
-from autotune.model import Layer
+from autotune.model.layers import Layer
 from autotune.plan import Plan
 from autotune.quant.qparams import activation_qparams, fake_quant, fp8_activation_scale
 from autotune.testing import tiny_torch_cnn, tiny_torch_mlp

@@ -22,7 +22,7 @@ from autotune.backends.torch.smoothing import (
     smoothed_input,
 )
 from autotune.harness import TrialRunner
-from autotune.model import InputSpec
+from autotune.model.layers import InputSpec
 from autotune.quant.layerwise import SMOOTHING, choose_layer_methods, smoothed_range, smoothing_factors
 from autotune.quant.lowering import Quantization
 from autotune.testing import tiny_torch_config

@@ -13,7 +13,7 @@ import torch
 from autotune.backends import BackendUnavailable, BuildError
 from autotune.backends.torch import ModuleChoice, TorchBackend, load_exported, rewrite_module
 from autotune.backends.torch import torchao_linear as ao
-from autotune.config import BackendConfig, TorchOptions
+from autotune.config.schema import BackendConfig, TorchOptions
 from autotune.harness import TrialRunner
 from autotune.testing import tiny_torch_config, tiny_torch_mlp
 

@@ -14,10 +14,10 @@ from finalists import main  # noqa: E402
 
 from autotune.harness.priors import store_prior_inputs  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
+from autotune.run.store import TrialStore  # noqa: E402
+from autotune.run.trial import TrialResult  # noqa: E402
 from autotune.search.prior import PriorInputs  # noqa: E402
-from autotune.store import TrialStore  # noqa: E402
 from autotune.testing import tiny_config  # noqa: E402
-from autotune.trial import TrialResult  # noqa: E402
 
 
 def _config_file(tmp_path: Path) -> Path:

@@ -16,10 +16,10 @@ from ranking_check import agreement, estimates, main  # noqa: E402
 
 from autotune.harness.priors import store_prior_inputs  # noqa: E402
 from autotune.plan import Plan  # noqa: E402
+from autotune.run.store import TrialStore  # noqa: E402
+from autotune.run.trial import TrialResult  # noqa: E402
 from autotune.search.prior import PriorInputs  # noqa: E402
-from autotune.store import TrialStore  # noqa: E402
 from autotune.testing import tiny_config  # noqa: E402
-from autotune.trial import TrialResult  # noqa: E402
 
 NAMES = ("a", "b", "c", "d")
 SAVING = {"a": 0.05, "b": 0.2, "c": 0.1, "d": 0.15}

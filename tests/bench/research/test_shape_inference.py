@@ -20,4 +20,4 @@ def test_the_bench_times_both_and_finds_the_same_model(tmp_path, monkeypatch, ca
     shape_inference.main()
     out = capsys.readouterr().out
     assert "2 interleaved repetitions" in out and "same result: True" in out
-    assert "\n  onnx " in out and "\n  autotune.shapes " in out
+    assert "\n  onnx " in out and "\n  autotune.model.shapes " in out
