@@ -6,7 +6,7 @@ this class only sequences them and calls the evaluator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +19,7 @@ from autotune.search.episode import (
     action_count,
     action_mask,
     decisions,
+    novel_endings,
     observation_size,
     observe,
     plan_from_actions,
@@ -41,6 +42,9 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         estimates: Returns per-layer estimates fitted from the trials so far (observation features), or None.
         shaping: Pay each step the change in the estimates' predicted reward (potential-based shaping, see
             :func:`autotune.search.episode.potential`); the episode's return is still the real reward.
+        measured: Returns the hashes of the plans measured so far: the last step masks the options that would end
+            in one of them, where another option is left (:func:`autotune.search.episode.novel_endings`). None: no
+            such mask (an imagined env, whose plans cost no build).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -54,6 +58,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         render_mode: str | None = None,
         estimates: Callable[[], LayerEstimates | None] | None = None,
         shaping: bool = False,
+        measured: Callable[[], Collection[str]] | None = None,
     ):
         self.space = space
         self.evaluate = evaluate
@@ -62,6 +67,7 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         self.render_mode = render_mode
         self.estimates = estimates
         self.shaping = shaping
+        self.measured = measured
         self._potential = 0.0
         self._episode_estimates: LayerEstimates | None = None
         self.steps = decisions(space)
@@ -77,7 +83,10 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
 
     def action_masks(self) -> np.ndarray:
         """Allowed actions now (sb3-contrib's MaskablePPO calls this)."""
-        return action_mask(self.steps, len(self._chosen), self.n_actions)
+        mask = action_mask(self.steps, len(self._chosen), self.n_actions)
+        if self.measured is None or len(self._chosen) != len(self.steps) - 1:
+            return mask
+        return novel_endings(self.space, self.steps, self._chosen, mask, self.measured())
 
     def _info(self) -> dict[str, Any]:
         return {"action_mask": self.action_masks().astype(np.int8)}

@@ -46,7 +46,7 @@ class AgentPaths:
 
 EnvMaker = Callable[..., Any]
 """The env's constructor, ``envs.engine_build.EngineBuildEnv(space, score, reward, search_budget, *, estimates,
-shaping)``. The run hands it in: the env is a thin shell above the search, so no search module imports it."""
+shaping, measured)``. The run hands it in: the env is a thin shell above the search, so no search module imports it."""
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,9 @@ class _Agent:
         # The builds' wall time, which the agent's compute is sized to.
         self.pace = ComputePace(config.ppo.compute_share, lambda: driver.build_s)
         make_env = self._env_factory(make_env, models.estimates)
-        self.real = _real_envs(make_env, driver)
+        # Real episodes end in plans not built yet where their last choice allows one (novel_endings); imagined
+        # ones cost no build and are not masked so.
+        self.real = _real_envs(lambda score: make_env(score, models.measured), driver)
         self.real.seed(config.seed)
         self.current: Surrogate | None = None  # the model of the trials the imagined episodes are scored by
         envs = driver.workers
@@ -318,11 +320,10 @@ class _Agent:
         self.idle_rollouts = 0  # real rollouts in a row that built nothing
         self.skip_rollouts = 0  # cycles left in which the planner builds instead of a real rollout
 
-    def _env_factory(
-        self, make_env: EnvMaker, estimates: Callable[[], Any] | None
-    ) -> Callable[[Callable[[Plan], TrialResult]], Any]:
+    def _env_factory(self, make_env: EnvMaker, estimates: Callable[[], Any] | None) -> Callable[..., Any]:
+        """``(score, measured=None)`` to an env constructor, as ``DummyVecEnv`` takes them."""
         config, space = self.config, self.space
-        return lambda score: (
+        return lambda score, measured=None: (
             lambda: make_env(
                 space,
                 score,
@@ -330,6 +331,7 @@ class _Agent:
                 config.search_budget,
                 estimates=estimates,
                 shaping=config.ppo.reward_shaping,
+                measured=measured,
             )
         )
 

@@ -62,6 +62,24 @@ def action_mask(steps: Sequence[Decision], step: int, n_actions: int) -> np.ndar
     return mask
 
 
+def novel_endings(
+    space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int], mask: np.ndarray, measured: Collection[str]
+) -> np.ndarray:
+    """The last step's ``mask`` without the options that complete a plan already measured, unless every one does.
+
+    A converged policy ends its real episodes in the plans it built already, each a store hit that teaches it
+    nothing new; masked so, an episode ends in the nearest plan not built yet (its last choice changed) where there
+    is one, and is built.
+    """
+    if len(chosen) != len(steps) - 1:
+        return mask
+    novel = mask.copy()
+    for option in np.flatnonzero(mask):
+        if plan_from_actions(space, steps, [*chosen, int(option)]).hash in measured:
+            novel[option] = False
+    return novel if novel.any() else mask
+
+
 def observation_size(space: SearchSpace, steps: Sequence[Decision]) -> int:
     """Length of the observation vector."""
     knob_steps = sum(step.kind == "knob" for step in steps)

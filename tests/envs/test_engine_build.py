@@ -66,6 +66,25 @@ def test_masks_follow_the_step_options(space):
     assert env.action_masks().sum() == 0
 
 
+def test_the_last_step_masks_the_endings_already_measured_unless_all_are(space):
+    measured: set[str] = set()
+    env = EngineBuildEnv(space, synthetic_evaluator(space), measured=lambda: measured)
+    env.reset(seed=0)
+    for _ in env.steps[:-1]:
+        env.step(0)
+    last = env.steps[-1]
+    endings = [
+        plan_from_actions(space, env.steps, [0] * (len(env.steps) - 1) + [i]).hash for i in range(len(last.options))
+    ]
+    assert env.action_masks().sum() == len(last.options)  # nothing measured: every ending allowed
+    measured.update(endings[:-1])
+    assert list(np.flatnonzero(env.action_masks())) == [len(last.options) - 1]  # only the one not built yet
+    measured.add(endings[-1])
+    assert env.action_masks().sum() == len(last.options)  # all built: the store answers whichever it takes
+    _, _, terminated, _, info = env.step(len(last.options) - 1)
+    assert terminated and info["plan_hash"] == endings[-1]
+
+
 def test_failed_build_gets_the_failure_reward_and_is_reported(space):
     evaluate = synthetic_evaluator(space, fail_knob=("graph_optimization_level", "basic"))
     env = EngineBuildEnv(space, evaluate, RewardConfig(failure=-3.0))

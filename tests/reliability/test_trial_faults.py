@@ -130,7 +130,10 @@ def test_the_search_goes_on_after_a_crash_and_a_hang(tmp_path, monkeypatch):
         statuses = [r.status for r in store.trials()]
         errors = [r.error for r in store.trials() if not r.ok]
         counts = measure_counts(store)
-    assert statuses.count(OK) == 6 and statuses[1] == FAILED and statuses[3] == TIMEOUT
+    # The kill and the hang two builds apart, wherever they land: a one-liner timed before the search that fails on
+    # a loaded machine (its side-by-side measurement past its timeout) scores one call less before the builds.
+    killed = statuses.index(FAILED)
+    assert statuses.count(OK) == 6 and killed in (0, 1) and statuses[killed + 2] == TIMEOUT
     assert errors == [
         "the trial process died (exit code -9, SIGKILL)",
         "no result after 3 s; the trial process was killed",
