@@ -8,7 +8,8 @@ counts the builds, the stalls and the minutes, and the agent stops when the driv
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -474,8 +475,9 @@ def train(
     """
     agent = None
     try:
-        agent = _Agent(config, space, driver, paths, models or TrialModels(), make_env)
-        agent.run()
+        with one_torch_thread():
+            agent = _Agent(config, space, driver, paths, models or TrialModels(), make_env)
+            agent.run()
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
         # (The interrupt may come during the probes or a rehearsal, before the callback was attached to the model.)
@@ -483,6 +485,24 @@ def train(
             save_checkpoint(agent.model, paths.checkpoints, driver.builds)
         raise
     return agent.model
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch's CPU work on one thread meanwhile (the thread count it had is restored after).
+
+    The policy is a small MLP: on two threads its updates waited on each other's spin whenever a build or any other
+    process held a core (a forward and backward pass of a 64-wide MLP took 58 ms on two threads beside one busy
+    process, 1.2 ms on one, on a 2-core VM), and those threads took the cores the trial process builds and times on.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
