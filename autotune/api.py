@@ -140,15 +140,15 @@ def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
     ]
 
 
-def float_ops(model: LoadedModel, config: TuneConfig | None = None) -> list[dict[str, str]]:
+def float_ops(model: LoadedModel, backend: str | None = None) -> list[dict[str, str]]:
     """The ops that stay FP32 although they are tunable or read an INT8 layer's output, each with the reason.
 
-    With a TensorRT config, also the ops its typed graph keeps FP32 in an FP16 base (``base_precision: fp16``)
-    because their values leave FP16's range (``autotune.quant.basetype.range_float_ops``).
+    With the TensorRT ``backend`` (its ``backend.name``), also the ops its typed graph keeps FP32 in an FP16 base
+    (``base_precision: fp16``) because their values leave FP16's range (``autotune.quant.basetype.range_float_ops``).
     """
     op_types = {node.name: node.op_type for node in model.proto.graph.node}
     reasons = dict(model.float_ops)
-    if config is not None and backend_class(config.backend.name).fp16_base_range_checked:
+    if backend is not None and backend_class(backend).fp16_base_range_checked:
         from autotune.quant.basetype import range_float_ops
 
         for name, why in range_float_ops(model.proto.graph, "fp16").items():

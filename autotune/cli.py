@@ -151,7 +151,7 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{row['index']:>3} {row['unit']:<20} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
             f"{share:>7}  {'/'.join(row['choices']):<12} {row['weight_source'] or '-':<22} {row['name']}"
         )
-    left = api.float_ops(model, config)
+    left = api.float_ops(model, config.backend.name)
     if left:
         print(f"left in FP32 ({len(left)}):")
         for op in left:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.api import analyze, check_data, references
 from autotune.backends import searching_references
-from autotune.config.schema import ConfigError, TuneConfig
+from autotune.config.schema import ConfigError, TuneConfig, dump_config
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.harness import Evaluator
 from autotune.harness.deadline import RunDeadline, TrialCosts
@@ -21,7 +21,6 @@ from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import confirmation_protocol
 from autotune.harness.runtime_choice import RuntimeChoice, choose_runtime
-from autotune.measure.interference import Busy
 from autotune.measure.selfcheck import (
     bar_line,
     bar_order,
@@ -46,45 +45,22 @@ from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.space import SearchSpace
 
 
-class MonitoredHarness:
-    """The run's evaluator as the driver's harness: every result goes to the monitor, store hits are counted."""
+class _Bookkeeping:
+    """The driver's callback that keeps the run's books as each result lands.
 
-    def __init__(self, evaluator: Evaluator, monitor: RunMonitor):
-        self.evaluator = evaluator
-        self.monitor = monitor
-        self.said: set[str] = set()  # what the run has told its user about a shared machine, once each
-        self.landed: Callable[[], None] = lambda: None  # called after each result is recorded
+    A store hit is counted in the run's meta; then ``landed`` moves the search's deadline to leave the confirmation
+    its time.
+    """
 
-    @property
-    def builds(self) -> int:
-        """Builds spent so far (store hits excluded)."""
-        return self.evaluator.builds
+    def __init__(self, store: TrialStore, landed: Callable[[], None]):
+        self.store = store
+        self.landed = landed
 
-    @property
-    def workers(self) -> int:
-        """Builds that run at once."""
-        return self.evaluator.workers
-
-    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
-        """The evaluator's results, each recorded as it lands."""
-        store = self.evaluator.store
-        for result in self.evaluator.evaluate_many(plans, limit):
-            self.monitor.record(result)
-            if result.from_store:
-                RunMeta.count_cache_hit(store)
-            else:
-                self._say_if_busy(result)
-            self.landed()
-            yield result
-
-    def _say_if_busy(self, result: TrialResult) -> None:
-        """One line the first time other work slows a trial, and one the first time it makes one unmeasurable."""
-        kind = "too_busy" if result.too_busy else "shared" if result.shared else None
-        if kind is None or kind in self.said:
-            return
-        self.said.add(kind)
-        later = "later trials are timed the same way; the summary counts them"
-        say(f"{Busy.from_dict(result.busy).describe()} (build {self.builds}); {later}")
+    def on_result(self, result: TrialResult, driver: Driver) -> None:
+        """Counts a store hit, then calls ``landed``."""
+        if result.from_store:
+            RunMeta.count_cache_hit(self.store)
+        self.landed()
 
 
 def search(
@@ -167,10 +143,12 @@ def tune(
         key = comparability_key(config, model)
         if resume_dir is None:
             check_comparable(config.from_runs, key)
-            run = RunDir.create(config)
+            run = RunDir.create(config.run_dir, dump_config(config.with_absolute_paths()))
         with TrialStore(run.store) as store:
             strategy = _open_run(store, config, key, resume_dir, strategy, choice)
-            monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
+            monitor = RunMonitor(
+                config.reward, config.search_budget, run.tensorboard, config.budget.builds, store.builds(), progress
+            )
             monitor.seed(list(store.trials()))
             try:
                 with stage("trial_process"):
@@ -285,9 +263,9 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
         confirmation_protocol(config.measure, config.confirm, rounds).round_limit / rounds,
     )
     try:
-        fixed, trials_s = _timed_search(
-            session, space, strategy, resumed, with_measured_noise(config, search_check), confirmation
-        )
+        rewards = with_measured_noise(config.reward, search_check)
+        searched = config.model_copy(update={"reward": rewards})
+        fixed, trials_s = _timed_search(session, space, strategy, resumed, searched, confirmation)
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
         RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started)
     times = {"setup": setup_s, "search": deadline.clock() - deadline.started - setup_s}
@@ -341,8 +319,6 @@ def _timed_search(
         The free knobs the seeds fixed, and the seconds the search's builds took (the rest was the strategy's).
     """
     config, deadline, store = session.config, session.deadline, session.store
-    harness = MonitoredHarness(session.evaluator, session.monitor)
-    driver = Driver.for_budget(harness, config.budget, space)
 
     def leave_time_for_the_confirmation() -> None:
         if deadline.total_s is None:  # no minutes: nothing to leave, and no reason to read every trial again
@@ -353,7 +329,8 @@ def _timed_search(
         left = deadline.search_left_s(costs, plans, confirmation.rounds, confirmation.runs_per_round)
         driver.deadline = driver.clock() + left
 
-    harness.landed = leave_time_for_the_confirmation
+    callbacks = [session.monitor, _Bookkeeping(store, leave_time_for_the_confirmation)]
+    driver = Driver.for_budget(session.evaluator, config.budget, space, callbacks=callbacks)
     leave_time_for_the_confirmation()
     fixed = search(searched, space, driver, session.evaluator, session.run, strategy, resumed)
     if driver.out_of_time:

@@ -34,14 +34,6 @@ Outcome = tuple[str, Any]
 """A worker's answer: ``(status, data)`` with status result, error, crash or timeout."""
 
 
-def absolute_paths(config: TuneConfig) -> TuneConfig:
-    """The config with its run and cache folders absolute, so a worker with another working directory agrees.
-
-    Takes and returns the whole config: it is what travels to a worker, which prepares the run from it.
-    """
-    return config.model_copy(update={"runs_dir": config.runs_dir.resolve(), "cache_dir": config.cache_dir.resolve()})
-
-
 def core_groups(workers: int, cores_per_worker: int, available: list[int] | None = None) -> list[list[int]]:
     """Disjoint groups of ``cores_per_worker`` CPUs, one per worker, from the CPUs this process may use.
 
@@ -269,7 +261,7 @@ class RayPool(Pool):
 
     def __init__(self, config: TuneConfig, size: int, gpus: bool = False):
         super().__init__(size, config.backend.timeout_s)
-        self.config = absolute_paths(config)  # the whole config travels to each actor, which prepares the run
+        self.config = config.with_absolute_paths()  # the whole config travels to each actor, which prepares the run
         self.ray = require("ray", "ray", "execution.backend: ray")
         if not self.ray.is_initialized():
             self.ray.init(address=config.execution.ray_address, logging_level=logging.WARNING, log_to_driver=False)
