@@ -11,6 +11,7 @@ from typing import Any
 from autotune.api import analyze, check_data, references
 from autotune.backends import searching_references
 from autotune.config.schema import ConfigError, TuneConfig, dump_config
+from autotune.config.search import SearchSettings
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
 from autotune.harness import Evaluator
 from autotune.harness.deadline import RunDeadline, TrialCosts
@@ -84,7 +85,7 @@ def search(
 
     paths = None if run is None else AgentPaths(run.tensorboard, run.checkpoints, resume)
     models = lambda seeded: _trial_models(config, seeded, evaluator)  # noqa: E731
-    inputs = SearchInputs(config, driver.workers, models, paths, make_env=EngineBuildEnv)
+    inputs = SearchInputs(SearchSettings.of(config), driver.workers, models, paths, make_env=EngineBuildEnv)
     return run_strategy(strategy, driver, space, inputs)
 
 
