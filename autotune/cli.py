@@ -128,10 +128,9 @@ def _one_liners() -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from autotune.harness.runtime_choice import choose_runtime
     from autotune.measure.selfcheck import say
 
-    config, _ = choose_runtime(_load(args), say=say, timed=False)  # backend auto: shown on ONNX Runtime
+    config, _ = api.choose_runtime(_load(args), say=say, timed=False)  # backend auto: shown on ONNX Runtime
     model, space = api.analyze(config)
     rows = api.layer_table(model, space)
     if args.json:

@@ -8,20 +8,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.api import analyze, check_data, references
+from autotune.api import analyze, check_data, choose_runtime, references
 from autotune.backends import searching_references
 from autotune.config.schema import ConfigError, TuneConfig, dump_config
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
+from autotune.data import Splits
 from autotune.harness import Evaluator
 from autotune.harness.deadline import RunDeadline, TrialCosts
 from autotune.harness.earlier_runs import import_runs
-from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
+from autotune.harness.identity import (
+    KEY_META,
+    check_comparable,
+    check_resumable,
+    comparability_key,
+    data_fingerprint,
+)
 from autotune.harness.prepare import Stages
 from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import confirmation_protocol
-from autotune.harness.runtime_choice import RuntimeChoice, choose_runtime
+from autotune.harness.runtime_choice import RuntimeChoice
 from autotune.measure.selfcheck import (
     bar_line,
     bar_order,
@@ -131,17 +138,13 @@ def tune(
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     deadline = RunDeadline(config.budget.minutes, time.time())
     stage = Stages()
+    splits = Splits(config.data, config.seed)  # the set-up's data: each split loaded once, then handed on
     with stage("backend_choice"):  # backend.name: auto; the resolved config names the runtime, so a resume keeps it
-        config, choice = choose_runtime(config, say=say)
-    trial_process = Evaluator.start_early(config, isolate)  # loads the backend while this process analyses
+        config, choice = choose_runtime(config, say=say, splits=splits)
+    trial_process = _start_early(config, isolate)  # loads the backend while this process analyses
     try:
-        # Model, backend, search space and data are checked before the run directory exists: a run that cannot
-        # start leaves nothing behind that a resume would trust.
-        model, space = _analyze(config, trial_process, stage)
-        with stage("check_data"):
-            check_data(config, model)
-            _check_request(config, space, strategy)
-        key = comparability_key(config, model)
+        model, space, key = _set_up(config, trial_process, stage, strategy, splits)
+        del splits  # the trial process loads its own: this one keeps no data through the run
         if resume_dir is None:
             check_comparable(config.from_runs, key)
             run = RunDir.create(config.run_dir, dump_config(config.with_absolute_paths()))
@@ -186,7 +189,35 @@ def _open_run(
     return strategy
 
 
-def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stages) -> tuple[LoadedModel, SearchSpace]:
+def _start_early(config: TuneConfig, isolate: bool) -> ChildRunner | None:
+    """The trial process the run's ``Evaluator`` will take over, launched now, gated; None where it starts none."""
+    if not Evaluator.one_trial_process(config.execution, isolate):
+        return None
+    child = ChildRunner(config)
+    child.launch(gated=True)
+    return child
+
+
+def _set_up(
+    config: TuneConfig, trial_process: ChildRunner | None, stage: Stages, strategy: str, splits: Splits
+) -> tuple[LoadedModel, SearchSpace, dict[str, Any]]:
+    """The model analysed, the data and the request checked, and the run's comparability key.
+
+    All before the run directory exists: a run that cannot start leaves nothing behind that a resume would trust.
+    The profile, the data check and the key's fingerprint read the same ``splits``, each split loaded once.
+    """
+    model, space = _analyze(config, trial_process, stage, splits)
+    with stage("check_data"):
+        check_data(config, model, splits)
+        _check_request(config, space, strategy)
+    data = data_fingerprint(splits, model.inputs)
+    key = comparability_key(model.hash, data, config.metric, config.calibration, config.backend, config.measure)
+    return model, space, key
+
+
+def _analyze(
+    config: TuneConfig, trial_process: ChildRunner | None, stage: Stages, splits: Splits
+) -> tuple[LoadedModel, SearchSpace]:
     """``analyze`` as stage ``analyze``; the trial process reads the model once ``analyze`` hands it on."""
     started = time.perf_counter()
 
@@ -196,7 +227,7 @@ def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stage
             trial_process.release()
 
     with stage("analyze"):
-        return analyze(config, model_ready=model_ready)
+        return analyze(config, model_ready=model_ready, splits=splits)
 
 
 def _check_request(config: TuneConfig, space: SearchSpace, strategy: str) -> None:

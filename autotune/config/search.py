@@ -7,12 +7,9 @@ readable size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from autotune.config.schema import TuneConfig
 
 
 class StrictSection(BaseModel):
@@ -140,36 +137,3 @@ class PlanningRule:
     """The drop the bold plans aim at (``TuneConfig.bold_budget``)."""
     builds: int
     """The run's build budget (``budget.builds``): the probes' design is sized to it."""
-
-
-@dataclass(frozen=True)
-class SearchSettings:
-    """What a search reads of the config (the strategies, the planner, the agent): its sections, seed and budgets."""
-
-    seed: int
-    """The run's seed."""
-    reward: RewardConfig
-    """How a trial is rewarded (``reward``, its ``tie_within`` the measured noise where unset)."""
-    search_budget: float
-    """The drop the search aims at (``TuneConfig.search_budget``)."""
-    accuracy_budget: float
-    """The largest accuracy drop allowed (``accuracy_budget``)."""
-    planning: PlanningRule
-    """What the surrogate planner reads (``TuneConfig.planning``)."""
-    planner: PlannerConfig
-    """The ``planner`` section."""
-    ppo: PPOConfig
-    """The ``ppo`` section."""
-
-    @classmethod
-    def of(cls, config: TuneConfig) -> SearchSettings:
-        """The search's part of ``config``."""
-        return cls(
-            config.seed,
-            config.reward,
-            config.search_budget,
-            config.accuracy_budget,
-            config.planning,
-            config.planner,
-            config.ppo,
-        )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config.schema import PlanningRule
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.interrupt import interrupts_held
 from autotune.plan import Plan
 from autotune.run.files import atomic_write

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.config.schema import ConfigError
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.plan import PRECISIONS, KnobValue
 from autotune.search.agent import AgentPaths, EnvMaker, PolicySearch, TrialModels
 from autotune.search.driver import Driver, SelfDriven, search_with_seeds

@@ -55,7 +55,7 @@ import numpy as np
 
 from autotune.api import analyze
 from autotune.config.schema import load_config
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.confirm import finalist_order
 from autotune.harness.priors import PRIOR_META
 from autotune.run.store import TrialStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.search.agent import LATEST, AgentPaths, TrialModels, imitate, train
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.driver import Driver, OneByOne

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.plan import INT8_SCHEME_KNOB, Plan
 from autotune.run.trial import TrialResult
 from autotune.search.episode import decisions, observe

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from autotune.config.schema import ConfigError
-from autotune.config.search import SearchSettings
+from autotune.config.views import SearchSettings
 from autotune.run.store import TrialStore
 from autotune.search import strategies
 from autotune.search.driver import Driver
