@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +12,10 @@ import onnx
 
 from autotune.backends import BuildError, backend_class, get_backend
 from autotune.config.schema import TuneConfig
-from autotune.data import load_dataset
+from autotune.data import Splits
 from autotune.harness import Evaluator, SetupError, load_model, prepare_backend, search_space, with_runtime_shares
-from autotune.harness.runtime_choice import choose_runtime
+from autotune.harness.prepare import calibrate_ranges
+from autotune.harness.runtime_choice import RuntimeChoice, SeedSetup, backend_on, choose, time_seeds
 from autotune.measure.selfcheck import say
 from autotune.metrics import check_labels
 from autotune.model.layers import LoadedModel, factory_module
@@ -22,9 +23,78 @@ from autotune.plan import PRECISIONS, Plan
 from autotune.run.store import TrialStore
 from autotune.search.space import SearchSpace
 
+Timer = Callable[[TuneConfig, Sequence[str]], tuple[dict[str, dict[str, float]], dict[str, str]]]
+"""Times the seeds of the runtimes named for a config (``Timings``), and says which it could not time."""
+
+
+def choose_runtime(
+    config: TuneConfig,
+    measure: Timer | None = None,
+    say: Callable[[str], None] = lambda line: None,
+    timed: bool = True,
+    splits: Splits | None = None,
+) -> tuple[TuneConfig, RuntimeChoice | None]:
+    """The config to run with: as it is where it names a runtime, else with the measured choice.
+
+    Args:
+        config: The run's config.
+        measure: Times the seeds (default :func:`seed_timings`).
+        say: Prints the choice's line.
+        timed: False: ONNX Runtime without timing, for a command that only looks at the model (``inspect``).
+        splits: The run's data splits, which the seeds calibrate on (default: loaded here).
+
+    Returns:
+        The config naming a runtime, and the choice (None where the config named one).
+    """
+    timer = measure or (lambda config, runtimes: seed_timings(config, runtimes, splits))
+    choice = choose(config.backend.name, lambda runtimes: timer(config, runtimes), say, timed)
+    if choice is None:
+        return config, None
+    return config.model_copy(update={"backend": choice.backend_of(config.backend)}), choice
+
+
+def with_backend(config: TuneConfig, name: str, references_of: Sequence[str] = ()) -> TuneConfig:
+    """``config`` on the runtime ``name``, ``references_of`` the runtimes whose one-liners are references too."""
+    return config.model_copy(update={"backend": backend_on(config.backend, name, references_of)})
+
+
+def seed_timings(
+    config: TuneConfig, runtimes: Sequence[str], splits: Splits | None = None
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Each runtime's seeds built from the config as a run on it would build them, and timed side by side.
+
+    See :func:`autotune.harness.runtime_choice.time_seeds`.
+
+    Raises:
+        SetupError: ONNX Runtime cannot set the run up (the model, the data): the error the run would stop with.
+    """
+    splits = splits or Splits(config.data, config.seed)
+    return time_seeds(runtimes, lambda runtime: _seed_setup(with_backend(config, runtime), splits))
+
+
+def _seed_setup(config: TuneConfig, splits: Splits) -> SeedSetup:
+    """The backend, model, search space and calibration the seeds on ``config``'s runtime are built from.
+
+    Raises:
+        SetupError: The model, the data or the backend cannot be used.
+    """
+    try:
+        backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
+        model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
+        space = search_space(config.search, model, backend)
+        prepare_backend(backend, model, space)
+        data = splits.load("calibration", model.inputs)
+    except (ValueError, OSError) as error:
+        raise SetupError(str(error)) from error
+    ranges = lambda: calibrate_ranges(config.calibration, config.cache_dir, model, backend, data).ranges("max")  # noqa: E731
+    return SeedSetup(backend, model, space, data, ranges, config.cache_dir / "runtime_choice" / config.backend.name)
+
 
 def analyze(
-    config: TuneConfig, profile: bool = True, model_ready: Callable[[], None] | None = None
+    config: TuneConfig,
+    profile: bool = True,
+    model_ready: Callable[[], None] | None = None,
+    splits: Splits | None = None,
 ) -> tuple[LoadedModel, SearchSpace]:
     """Loads the model, profiles its FP32 runtime per layer, and builds the search space.
 
@@ -36,6 +106,7 @@ def analyze(
             its ONNX file exists (exported first where needed), so both processes build the layer table at once.
             Either way before the rest of the analysis (the device's capabilities, the binding); ``tune`` lets its
             trial process go there.
+        splits: The run's data splits, which the profile's batch is read from (default: loaded here).
 
     Raises:
         SetupError: The model, data or backend cannot be used (the FP32 model does not run on the backend, or a
@@ -53,7 +124,8 @@ def analyze(
             file_ready=None if profiles else model_ready,
         )
         if profiles:
-            feeds = load_dataset(config.data.evaluation, model.inputs, "evaluation", config.seed).batches[0]
+            splits = splits or Splits(config.data, config.seed)
+            feeds = splits.load("evaluation", model.inputs).batches[0]
             try:
                 model = with_runtime_shares(model, backend, feeds)
             except BuildError as error:
@@ -80,7 +152,7 @@ def _scores_per_sample(model: onnx.ModelProto, output: str) -> int | None:
     return None
 
 
-def check_data(config: TuneConfig, model: LoadedModel) -> None:
+def check_data(config: TuneConfig, model: LoadedModel, splits: Splits | None = None) -> None:
     """Loads every data split and checks it against the model's inputs and the metric.
 
     The trial process checks the same, but only once the run directory exists: ``tune`` calls this first, so
@@ -89,6 +161,7 @@ def check_data(config: TuneConfig, model: LoadedModel) -> None:
     Args:
         config: The run's config.
         model: The loaded model (``analyze``).
+        splits: The run's data splits, each loaded once (default: loaded here).
 
     Raises:
         SetupError: A split is missing, empty, of the wrong shape or dtype, or not finite; its labels do not fit
@@ -98,12 +171,11 @@ def check_data(config: TuneConfig, model: LoadedModel) -> None:
     if output not in model.output_names:
         raise SetupError(f"metric.output {output!r} is not a model output; outputs: {model.output_names}")
     classes = _scores_per_sample(model.proto, output)
-    splits = [("calibration", config.data.calibration), ("evaluation", config.data.evaluation)]
-    if config.data.holdout is not None:
-        splits.append(("holdout", config.data.holdout))
-    for what, source in splits:
+    splits = splits or Splits(config.data, config.seed)
+    checked = ["calibration", "evaluation", *(["holdout"] if config.data.holdout is not None else [])]
+    for what in checked:
         try:
-            dataset = load_dataset(source, model.inputs, what, config.seed)
+            dataset = splits.load(what, model.inputs)
             if what != "calibration":
                 sizes = [next(iter(batch.values())).shape[0] for batch in dataset.batches]
                 check_labels(config.metric.name, dataset.labels, sizes, classes, what)
@@ -140,15 +212,15 @@ def layer_table(model: LoadedModel, space: SearchSpace) -> list[dict[str, Any]]:
     ]
 
 
-def float_ops(model: LoadedModel, config: TuneConfig | None = None) -> list[dict[str, str]]:
+def float_ops(model: LoadedModel, backend: str | None = None) -> list[dict[str, str]]:
     """The ops that stay FP32 although they are tunable or read an INT8 layer's output, each with the reason.
 
-    With a TensorRT config, also the ops its typed graph keeps FP32 in an FP16 base (``base_precision: fp16``)
-    because their values leave FP16's range (``autotune.quant.basetype.range_float_ops``).
+    With the TensorRT ``backend`` (its ``backend.name``), also the ops its typed graph keeps FP32 in an FP16 base
+    (``base_precision: fp16``) because their values leave FP16's range (``autotune.quant.basetype.range_float_ops``).
     """
     op_types = {node.name: node.op_type for node in model.proto.graph.node}
     reasons = dict(model.float_ops)
-    if config is not None and backend_class(config.backend.name).fp16_base_range_checked:
+    if backend is not None and backend_class(backend).fp16_base_range_checked:
         from autotune.quant.basetype import range_float_ops
 
         for name, why in range_float_ops(model.proto.graph, "fp16").items():

@@ -128,10 +128,9 @@ def _one_liners() -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from autotune.harness.runtime_choice import choose_runtime
     from autotune.measure.selfcheck import say
 
-    config, _ = choose_runtime(_load(args), say=say, timed=False)  # backend auto: shown on ONNX Runtime
+    config, _ = api.choose_runtime(_load(args), say=say, timed=False)  # backend auto: shown on ONNX Runtime
     model, space = api.analyze(config)
     rows = api.layer_table(model, space)
     if args.json:
@@ -151,7 +150,7 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{row['index']:>3} {row['unit']:<20} {row['macs'] / 1e6:>9.2f} {row['params']:>9} {row['depth']:>5} "
             f"{share:>7}  {'/'.join(row['choices']):<12} {row['weight_source'] or '-':<22} {row['name']}"
         )
-    left = api.float_ops(model, config)
+    left = api.float_ops(model, config.backend.name)
     if left:
         print(f"left in FP32 ({len(left)}):")
         for op in left:

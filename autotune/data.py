@@ -9,10 +9,14 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.config.schema import DataSource
+from autotune.config.schema import DataConfig, DataSource
 from autotune.model.layers import InputSpec, resolve_callable
 
 LABELS = "labels"
+
+SPLIT_SEED_OFFSETS = {"evaluation": 0, "holdout": 1, "calibration": 2}
+"""Each split's random data is drawn with the run's seed plus its offset, so the splits differ; the trial process,
+the run's data check and the comparability key's fingerprint draw them alike."""
 
 
 class DataError(ValueError):
@@ -139,6 +143,43 @@ def load_dataset(source: DataSource, inputs: Sequence[InputSpec], what: str, see
     dataset = Dataset(batches, labels or None, what)
     validate_dataset(dataset, inputs)
     return dataset
+
+
+class Splits:
+    """A run's data splits (calibration, evaluation, holdout), each loaded and checked once per process, on first use.
+
+    The set-up reads them several times (the model's profile, the data check, the comparability key's fingerprint,
+    the runtime choice's seeds): one ``Splits`` handed from one to the next loads each once.
+
+    Args:
+        data: The ``data`` section.
+        seed: The run's seed; each split's random data is drawn with its offset (``SPLIT_SEED_OFFSETS``).
+    """
+
+    def __init__(self, data: DataConfig, seed: int):
+        self.data = data
+        self.seed = seed
+        self._loaded: dict[str, Dataset] = {}
+
+    def source(self, split: str) -> DataSource:
+        """Where a split comes from; the holdout is the evaluation data where the config names none."""
+        if split == "holdout":
+            return self.data.holdout or self.data.evaluation
+        return self.data.calibration if split == "calibration" else self.data.evaluation
+
+    def load(self, split: str, inputs: Sequence[InputSpec]) -> Dataset:
+        """The split, loaded and checked against the model's ``inputs`` the first time (``load_dataset``).
+
+        Raises:
+            DataError: The data is missing, empty, of the wrong shape or dtype, or not finite.
+        """
+        if split not in self._loaded:
+            source = self.source(split)
+            if split == "holdout" and self.data.holdout is None and source.random is None:
+                self._loaded[split] = self.load("evaluation", inputs)  # the same file or generator: the same data
+            else:
+                self._loaded[split] = load_dataset(source, inputs, split, self.seed + SPLIT_SEED_OFFSETS[split])
+        return self._loaded[split]
 
 
 def validate_dataset(dataset: Dataset, inputs: Sequence[InputSpec]) -> None:

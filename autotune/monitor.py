@@ -1,7 +1,8 @@
 """What a person watches during a run: TensorBoard scalars, and progress with the best plan so far.
 
-On a terminal the progress is a bar; written to a file or a pipe (a CI log, ``make demo > demo.log``) it is a plain
-line now and then, since every refresh of a bar would be a line of the log.
+The monitor is a callback of the run's driver (``autotune.search.driver.DriverCallback``): the driver hands it every
+result as it lands. On a terminal the progress is a bar; written to a file or a pipe (a CI log,
+``make demo > demo.log``) it is a plain line now and then, since every refresh of a bar would be a line of the log.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from autotune.config.schema import TuneConfig
+from autotune.config.schema import RewardConfig
+from autotune.measure.interference import Busy
+from autotune.measure.selfcheck import say
 from autotune.run.trial import TrialResult
 from autotune.search.reward import meets_budget, reward
+
+if TYPE_CHECKING:
+    from autotune.search.driver import Driver
 
 CUSTOM_SCALARS = {
     "reward": {
@@ -104,22 +110,33 @@ def progress_display(total: int, initial: int) -> Any:
 
 
 class RunMonitor:
-    """Records every episode's trial to TensorBoard and keeps the best-so-far.
+    """Records every episode's trial to TensorBoard and keeps the best-so-far; a callback of the run's driver.
 
     Tags: ``trial/*`` per episode (reward, speedup, latency, accuracy, drop, build seconds, cache hit, failure),
     ``best/*`` against builds (reward, speedup, drop of the best plan so far).
 
     Args:
-        config: The run's config.
+        rewards: The run's ``reward`` section: how each trial is scored.
+        search_budget: The drop the search aims at (``TuneConfig.search_budget``).
         log_dir: TensorBoard directory.
+        total_builds: The run's build budget (``budget.builds``), the progress's end.
         builds_done: Builds already in the store (resume).
         progress: Show progress on stderr (``progress_display``).
     """
 
-    def __init__(self, config: TuneConfig, log_dir: Path, builds_done: int = 0, progress: bool = True):
+    def __init__(
+        self,
+        rewards: RewardConfig,
+        search_budget: float,
+        log_dir: Path,
+        total_builds: int,
+        builds_done: int = 0,
+        progress: bool = True,
+    ):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.config = config
+        self.rewards, self.search_budget = rewards, search_budget
+        self.said: set[str] = set()  # what the run has told its user about a shared machine, once each
         self.writer = SummaryWriter(str(log_dir))
         self.writer.add_custom_scalars(CUSTOM_SCALARS)
         self.episodes = 0
@@ -128,7 +145,7 @@ class RunMonitor:
         self.best: TrialResult | None = None
         self._bar: Any = None
         if progress:
-            self._bar = progress_display(config.budget.builds, builds_done)
+            self._bar = progress_display(total_builds, builds_done)
 
     def seed(self, results: list[TrialResult]) -> None:
         """Takes the best-so-far from trials already in the store (resume)."""
@@ -136,7 +153,7 @@ class RunMonitor:
             self._update_best(result)
 
     def _update_best(self, result: TrialResult) -> bool:
-        value = reward(result, self.config.reward, self.config.search_budget)
+        value = reward(result, self.rewards, self.search_budget)
         if result.ok and value > self.best_reward:
             self.best_reward, self.best = value, result
             return True
@@ -144,7 +161,7 @@ class RunMonitor:
 
     def record(self, result: TrialResult) -> float:
         """Logs one episode; returns its reward."""
-        value = reward(result, self.config.reward, self.config.search_budget)
+        value = reward(result, self.rewards, self.search_budget)
         self.episodes += 1
         step = self.episodes
         scalars = {
@@ -160,7 +177,7 @@ class RunMonitor:
                     "trial/latency_ms": result.latency_ms,
                     "trial/accuracy": result.accuracy,
                     "trial/accuracy_drop": result.accuracy_drop,
-                    "trial/within_budget": float(meets_budget(result, self.config.search_budget)),
+                    "trial/within_budget": float(meets_budget(result, self.search_budget)),
                 }
             )
         if not result.from_store:
@@ -180,6 +197,21 @@ class RunMonitor:
                 f"best reward {self.best_reward:+.3f} ({self.best.speedup:.2f}x, drop {self.best.accuracy_drop:.4g})"
             )
         return value
+
+    def on_result(self, result: TrialResult, driver: Driver) -> None:
+        """Records a result the driver's build brought (``DriverCallback``), and says when other work slowed it."""
+        self.record(result)
+        if not result.from_store:
+            self._say_if_busy(result, driver.builds)
+
+    def _say_if_busy(self, result: TrialResult, builds: int) -> None:
+        """One line the first time other work slows a trial, and one the first time it makes one unmeasurable."""
+        kind = "too_busy" if result.too_busy else "shared" if result.shared else None
+        if kind is None or kind in self.said:
+            return
+        self.said.add(kind)
+        later = "later trials are timed the same way; the summary counts them"
+        say(f"{Busy.from_dict(result.busy).describe()} (build {builds}); {later}")
 
     def text(self, tag: str, text: str) -> None:
         """Writes markdown text to TensorBoard."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.config.schema import TuneConfig
+from autotune.config.schema import RewardConfig
 from autotune.headline import headline_lines
 from autotune.run.directory import RunDir
 from autotune.run.files import atomic_write
@@ -34,10 +34,17 @@ PRECISION_COLOURS = {
 
 @dataclass
 class RunData:
-    """One run as the report needs it."""
+    """One run as the report needs it: its records, and the few settings that score them."""
 
     run: RunDir
-    config: TuneConfig
+    name: str
+    """The run's name (``name``)."""
+    metric: str
+    """The accuracy metric's name (``metric.name``)."""
+    accuracy_budget: float
+    """The largest accuracy drop allowed (``accuracy_budget``)."""
+    reward: RewardConfig
+    """How each trial was rewarded (``reward``)."""
     trials: list[TrialResult]
     confirmations: dict[str, TrialResult]
     summary: dict | None
@@ -47,11 +54,11 @@ class RunData:
     @property
     def label(self) -> str:
         """The run's name."""
-        return self.config.name
+        return self.name
 
     def rewards(self) -> list[float]:
         """Reward of every trial, in build order."""
-        return [reward(t, self.config.reward, self.config.accuracy_budget) for t in self.trials]
+        return [reward(t, self.reward, self.accuracy_budget) for t in self.trials]
 
 
 def load_run(path: str | Path) -> RunData:
@@ -62,7 +69,17 @@ def load_run(path: str | Path) -> RunData:
         confirmations = store.confirmations()
         references = store.references()
     summary = json.loads(run.summary.read_text()) if run.summary.exists() else None
-    return RunData(run, config, trials, confirmations, summary, references)
+    scoring = (config.name, config.metric.name, config.accuracy_budget, config.reward)
+    return RunData(run, *scoring, trials, confirmations, summary, references)
+
+
+def _layer_shares(run: RunDir) -> dict[str, float]:
+    """Each layer's share of the FP32 model's runtime, profiled afresh with the run's config."""
+    from autotune.api import analyze
+
+    _, config = RunDir.open(run.root)
+    model, _ = analyze(config)
+    return {layer.name: layer.runtime_share or 0.0 for layer in model.layers}
 
 
 def _machine_lines(summary: dict) -> list[str]:
@@ -115,7 +132,7 @@ def plot_pareto(data: RunData, path: Path) -> None:
     front = sorted((t.speedup, t.accuracy_drop) for t in pareto_front(ok))
     if front:
         axes.step(*zip(*front, strict=True), where="post", color="black", linewidth=1, label="Pareto front")
-    axes.axhline(data.config.accuracy_budget, color="red", linestyle="--", linewidth=1, label="accuracy budget")
+    axes.axhline(data.accuracy_budget, color="red", linestyle="--", linewidth=1, label="accuracy budget")
     axes.scatter([1.0], [0.0], marker="s", s=60, color="black", label="FP32 (the reference)", zorder=3)
     all_int8 = [t for t in ok if {p for _, p in t.plan.precisions} == {"int8"}]
     if all_int8:
@@ -146,7 +163,7 @@ def plot_pareto(data: RunData, path: Path) -> None:
             label="winner (confirmed, held-out)",
         )
     axes.set_xlabel("speedup over FP32 (x, measured interleaved)")
-    axes.set_ylabel(f"accuracy drop ({data.config.metric.name}, metric units)")
+    axes.set_ylabel(f"accuracy drop ({data.metric}, metric units)")
     axes.set_title(f"{data.label}: {len(data.trials)} trials")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="best")
@@ -203,12 +220,12 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, float], figures: list[str]) -> str:
     ok = [t for t in data.trials if t.ok]
-    within = [t for t in ok if meets_budget(t, data.config.accuracy_budget)]
+    within = [t for t in ok if meets_budget(t, data.accuracy_budget)]
     lines = [f"# Report: {data.label}", ""]
     lines += [
         f"- trials built: {len(data.trials)} ({len(data.trials) - len(ok)} failed); within the accuracy budget: "
         f"{len(within)}",
-        f"- accuracy budget: {data.config.accuracy_budget} ({data.config.metric.name})",
+        f"- accuracy budget: {data.accuracy_budget} ({data.metric})",
     ]
     if data.summary:
         winner = data.summary["winner"]
@@ -221,7 +238,7 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
         lines += _machine_lines(data.summary)
     lines += ["", *[f"![{Path(f).stem}]({Path(f).name})" for f in figures], ""]
     noise = ((data.summary or {}).get("self_check") or {}).get("confirmation", {}).get("noise", 0.0)
-    ranked = ranking(list(data.confirmations.values()), data.config.accuracy_budget, noise)
+    ranked = ranking(list(data.confirmations.values()), data.accuracy_budget, noise)
     winner_plan = ranked[0].plan if ranked else None
     lines += [
         "## Confirmed plans (held-out data, longer protocol)",
@@ -234,7 +251,7 @@ def _markdown(data: RunData, sensitivities: dict[str, float], shares: dict[str, 
         diff_text = "; ".join(diff[:6]) + (f"; ... ({len(diff)} in all)" if len(diff) > 6 else "") or "(winner)"
         lines.append(
             f"| {rank} | `{result.plan.hash}` | {_fmt(result.speedup, '.3f')} | {_fmt(result.accuracy_drop, '.5f')} "
-            f"| {'yes' if meets_budget(result, data.config.accuracy_budget) else 'no'} | {diff_text} |"
+            f"| {'yes' if meets_budget(result, data.accuracy_budget) else 'no'} | {diff_text} |"
         )
     lines += _reference_lines(data, ranked[0] if ranked else None)
     if winner_plan is not None:
@@ -269,7 +286,7 @@ def _reference_lines(data: RunData, winner: TrialResult | None) -> list[str]:
     """The one-liners' table: each measured like the finalists, beside the winner (rank 1)."""
     if not data.references:
         return []
-    budget = data.config.accuracy_budget
+    budget = data.accuracy_budget
     # Backends with a back-to-back timer (Backend.time_back_to_back) get the second timing in two more columns.
     back_to_back = bool(winner and winner.back_to_back_ms)
     header = "| one-liner | speedup | drop | within budget | winner's speedup over it |"
@@ -322,12 +339,7 @@ def report(run_dirs: list[str | Path], profile: bool = True) -> dict[str, Path]:
     runs = [load_run(path) for path in run_dirs]
     data = runs[0]
     out = data.run.root
-    shares: dict[str, float] = {}
-    if profile:
-        from autotune.api import analyze
-
-        model, _ = analyze(data.config)
-        shares = {layer.name: layer.runtime_share or 0.0 for layer in model.layers}
+    shares = _layer_shares(data.run) if profile else {}
     sensitivities = layer_sensitivities(data)
     paths = {"pareto": out / "pareto.png", "progress": out / "progress.png"}
     plot_pareto(data, paths["pareto"])

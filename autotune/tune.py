@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.api import analyze, check_data, references
+from autotune.api import analyze, check_data, choose_runtime, references
 from autotune.backends import searching_references
-from autotune.config.schema import ConfigError, TuneConfig
+from autotune.config.schema import ConfigError, TuneConfig, dump_config
+from autotune.config.views import SearchSettings
 from autotune.confirm import confirm_finalists, export_ranked, one_liner_plans
+from autotune.data import Splits
 from autotune.harness import Evaluator
 from autotune.harness.deadline import RunDeadline, TrialCosts
 from autotune.harness.earlier_runs import import_runs
-from autotune.harness.identity import KEY_META, check_comparable, check_resumable, comparability_key
+from autotune.harness.identity import (
+    KEY_META,
+    check_comparable,
+    check_resumable,
+    comparability_key,
+    data_fingerprint,
+)
 from autotune.harness.prepare import Stages
 from autotune.harness.priors import prior_inputs, store_prior_inputs
 from autotune.harness.process import ChildRunner
 from autotune.harness.runner import confirmation_protocol
-from autotune.harness.runtime_choice import RuntimeChoice, choose_runtime
-from autotune.measure.interference import Busy
+from autotune.harness.runtime_choice import RuntimeChoice
 from autotune.measure.selfcheck import (
     bar_line,
     bar_order,
@@ -46,45 +53,22 @@ from autotune.search.registry import STRATEGIES, SearchInputs, run_strategy
 from autotune.search.space import SearchSpace
 
 
-class MonitoredHarness:
-    """The run's evaluator as the driver's harness: every result goes to the monitor, store hits are counted."""
+class _Bookkeeping:
+    """The driver's callback that keeps the run's books as each result lands.
 
-    def __init__(self, evaluator: Evaluator, monitor: RunMonitor):
-        self.evaluator = evaluator
-        self.monitor = monitor
-        self.said: set[str] = set()  # what the run has told its user about a shared machine, once each
-        self.landed: Callable[[], None] = lambda: None  # called after each result is recorded
+    A store hit is counted in the run's meta; then ``landed`` moves the search's deadline to leave the confirmation
+    its time.
+    """
 
-    @property
-    def builds(self) -> int:
-        """Builds spent so far (store hits excluded)."""
-        return self.evaluator.builds
+    def __init__(self, store: TrialStore, landed: Callable[[], None]):
+        self.store = store
+        self.landed = landed
 
-    @property
-    def workers(self) -> int:
-        """Builds that run at once."""
-        return self.evaluator.workers
-
-    def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterator[TrialResult]:
-        """The evaluator's results, each recorded as it lands."""
-        store = self.evaluator.store
-        for result in self.evaluator.evaluate_many(plans, limit):
-            self.monitor.record(result)
-            if result.from_store:
-                RunMeta.count_cache_hit(store)
-            else:
-                self._say_if_busy(result)
-            self.landed()
-            yield result
-
-    def _say_if_busy(self, result: TrialResult) -> None:
-        """One line the first time other work slows a trial, and one the first time it makes one unmeasurable."""
-        kind = "too_busy" if result.too_busy else "shared" if result.shared else None
-        if kind is None or kind in self.said:
-            return
-        self.said.add(kind)
-        later = "later trials are timed the same way; the summary counts them"
-        say(f"{Busy.from_dict(result.busy).describe()} (build {self.builds}); {later}")
+    def on_result(self, result: TrialResult, driver: Driver) -> None:
+        """Counts a store hit, then calls ``landed``."""
+        if result.from_store:
+            RunMeta.count_cache_hit(self.store)
+        self.landed()
 
 
 def search(
@@ -108,7 +92,7 @@ def search(
 
     paths = None if run is None else AgentPaths(run.tensorboard, run.checkpoints, resume)
     models = lambda seeded: _trial_models(config, seeded, evaluator)  # noqa: E731
-    inputs = SearchInputs(config, driver.workers, models, paths, make_env=EngineBuildEnv)
+    inputs = SearchInputs(SearchSettings.of(config), driver.workers, models, paths, make_env=EngineBuildEnv)
     return run_strategy(strategy, driver, space, inputs)
 
 
@@ -154,23 +138,21 @@ def tune(
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
     deadline = RunDeadline(config.budget.minutes, time.time())
     stage = Stages()
+    splits = Splits(config.data, config.seed)  # the set-up's data: each split loaded once, then handed on
     with stage("backend_choice"):  # backend.name: auto; the resolved config names the runtime, so a resume keeps it
-        config, choice = choose_runtime(config, say=say)
-    trial_process = Evaluator.start_early(config, isolate)  # loads the backend while this process analyses
+        config, choice = choose_runtime(config, say=say, splits=splits)
+    trial_process = _start_early(config, isolate)  # loads the backend while this process analyses
     try:
-        # Model, backend, search space and data are checked before the run directory exists: a run that cannot
-        # start leaves nothing behind that a resume would trust.
-        model, space = _analyze(config, trial_process, stage)
-        with stage("check_data"):
-            check_data(config, model)
-            _check_request(config, space, strategy)
-        key = comparability_key(config, model)
+        model, space, key = _set_up(config, trial_process, stage, strategy, splits)
+        del splits  # the trial process loads its own: this one keeps no data through the run
         if resume_dir is None:
             check_comparable(config.from_runs, key)
-            run = RunDir.create(config)
+            run = RunDir.create(config.run_dir, dump_config(config.with_absolute_paths()))
         with TrialStore(run.store) as store:
             strategy = _open_run(store, config, key, resume_dir, strategy, choice)
-            monitor = RunMonitor(config, run.tensorboard, builds_done=store.builds(), progress=progress)
+            monitor = RunMonitor(
+                config.reward, config.search_budget, run.tensorboard, config.budget.builds, store.builds(), progress
+            )
             monitor.seed(list(store.trials()))
             try:
                 with stage("trial_process"):
@@ -207,7 +189,35 @@ def _open_run(
     return strategy
 
 
-def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stages) -> tuple[LoadedModel, SearchSpace]:
+def _start_early(config: TuneConfig, isolate: bool) -> ChildRunner | None:
+    """The trial process the run's ``Evaluator`` will take over, launched now, gated; None where it starts none."""
+    if not Evaluator.one_trial_process(config.execution, isolate):
+        return None
+    child = ChildRunner(config)
+    child.launch(gated=True)
+    return child
+
+
+def _set_up(
+    config: TuneConfig, trial_process: ChildRunner | None, stage: Stages, strategy: str, splits: Splits
+) -> tuple[LoadedModel, SearchSpace, dict[str, Any]]:
+    """The model analysed, the data and the request checked, and the run's comparability key.
+
+    All before the run directory exists: a run that cannot start leaves nothing behind that a resume would trust.
+    The profile, the data check and the key's fingerprint read the same ``splits``, each split loaded once.
+    """
+    model, space = _analyze(config, trial_process, stage, splits)
+    with stage("check_data"):
+        check_data(config, model, splits)
+        _check_request(config, space, strategy)
+    data = data_fingerprint(splits, model.inputs)
+    key = comparability_key(model.hash, data, config.metric, config.calibration, config.backend, config.measure)
+    return model, space, key
+
+
+def _analyze(
+    config: TuneConfig, trial_process: ChildRunner | None, stage: Stages, splits: Splits
+) -> tuple[LoadedModel, SearchSpace]:
     """``analyze`` as stage ``analyze``; the trial process reads the model once ``analyze`` hands it on."""
     started = time.perf_counter()
 
@@ -217,7 +227,7 @@ def _analyze(config: TuneConfig, trial_process: ChildRunner | None, stage: Stage
             trial_process.release()
 
     with stage("analyze"):
-        return analyze(config, model_ready=model_ready)
+        return analyze(config, model_ready=model_ready, splits=splits)
 
 
 def _check_request(config: TuneConfig, space: SearchSpace, strategy: str) -> None:
@@ -285,9 +295,9 @@ def _search_and_confirm(session: _Session, space: SearchSpace, strategy: str, re
         confirmation_protocol(config.measure, config.confirm, rounds).round_limit / rounds,
     )
     try:
-        fixed, trials_s = _timed_search(
-            session, space, strategy, resumed, with_measured_noise(config, search_check), confirmation
-        )
+        rewards = with_measured_noise(config.reward, search_check)
+        searched = config.model_copy(update={"reward": rewards})
+        fixed, trials_s = _timed_search(session, space, strategy, resumed, searched, confirmation)
     finally:  # keep the time spent, so a resumed run reports the sum of its parts
         RunMeta.write(store, wall_s=wall_before + deadline.clock() - deadline.started)
     times = {"setup": setup_s, "search": deadline.clock() - deadline.started - setup_s}
@@ -341,8 +351,6 @@ def _timed_search(
         The free knobs the seeds fixed, and the seconds the search's builds took (the rest was the strategy's).
     """
     config, deadline, store = session.config, session.deadline, session.store
-    harness = MonitoredHarness(session.evaluator, session.monitor)
-    driver = Driver.for_budget(harness, config.budget, space)
 
     def leave_time_for_the_confirmation() -> None:
         if deadline.total_s is None:  # no minutes: nothing to leave, and no reason to read every trial again
@@ -353,7 +361,8 @@ def _timed_search(
         left = deadline.search_left_s(costs, plans, confirmation.rounds, confirmation.runs_per_round)
         driver.deadline = driver.clock() + left
 
-    harness.landed = leave_time_for_the_confirmation
+    callbacks = [session.monitor, _Bookkeeping(store, leave_time_for_the_confirmation)]
+    driver = Driver.for_budget(session.evaluator, config.budget, space, callbacks=callbacks)
     leave_time_for_the_confirmation()
     fixed = search(searched, space, driver, session.evaluator, session.run, strategy, resumed)
     if driver.out_of_time:

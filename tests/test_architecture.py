@@ -244,3 +244,78 @@ def test_the_rule_check_finds_long_and_wide_functions_by_qualified_name():
     }
     shorter = source.replace("        x58 = 58\n", "")
     assert "Box.long" not in _rule_breakers(shorter)
+
+
+CONFIG_ENTRY_POINTS = ("autotune/tune.py", "autotune/api.py", "autotune/cli.py", "autotune/config/")
+"""Where the whole ``TuneConfig`` is read: the config's own package and the entry points that hand its parts on."""
+
+MOST_CONFIG_TAKERS = 5
+"""Functions (and dataclass fields) outside :data:`CONFIG_ENTRY_POINTS` that may take the whole ``TuneConfig``."""
+
+TAKES_THE_WHOLE_CONFIG: dict[str, str] = {
+    "autotune/harness/evaluator.py:Evaluator.__init__": "starts the trial process or the pool the config ships to",
+    "autotune/harness/executor.py:make_pool": "ships the config to each worker of the pool (child process, Ray actor)",
+    "autotune/harness/process.py:ChildRunner.__init__": "ships the config to the trial process (a process boundary)",
+    "autotune/harness/runner.py:TrialRunner.__init__": "prepares the run in the trial process from the shipped config",
+}
+"""``path:qualified name`` -> why it takes the whole config. The list only shrinks: an entry that no longer takes it
+(or is gone) fails the test until it is removed."""
+
+
+def _config_takers(source: str) -> set[str]:
+    """Qualified names of a module's functions with a parameter typed ``TuneConfig`` and its dataclass fields typed so.
+
+    A field is named ``Class.field``; a function ``Class.method`` (a nested function as ``outer.inner``).
+    """
+    found: set[str] = set()
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                for statement in child.body:
+                    if isinstance(statement, ast.AnnAssign) and "TuneConfig" in ast.unparse(statement.annotation):
+                        found.add(f"{prefix}{child.name}.{ast.unparse(statement.target)}")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                args = child.args
+                typed = [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.annotation]
+                if any("TuneConfig" in ast.unparse(annotation) for annotation in typed):
+                    found.add(prefix + child.name)
+            else:
+                visit(child, prefix)
+                continue
+            visit(child, prefix + child.name + ".")
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def _package_config_takers() -> set[str]:
+    takers = set()
+    for path in sorted(ROOT.joinpath("autotune").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if not relative.startswith(CONFIG_ENTRY_POINTS):
+            takers |= {f"{relative}:{name}" for name in _config_takers(path.read_text())}
+    return takers
+
+
+def test_at_most_five_functions_past_the_entry_points_take_the_whole_config():
+    takers = _package_config_takers()
+    new = sorted(takers - set(TAKES_THE_WHOLE_CONFIG))
+    assert not new, "pass these the sections they read (config.execution, config.reward, ...): " + ", ".join(new)
+    assert len(TAKES_THE_WHOLE_CONFIG) <= MOST_CONFIG_TAKERS
+
+
+def test_the_functions_taking_the_whole_config_only_get_fewer():
+    gone = sorted(set(TAKES_THE_WHOLE_CONFIG) - _package_config_takers())
+    assert not gone, (
+        "these take the config no more (or are gone): remove them from TAKES_THE_WHOLE_CONFIG: " + ", ".join(gone)
+    )
+
+
+def test_the_config_check_finds_parameters_and_fields_by_qualified_name():
+    source = (
+        "class Run:\n    config: TuneConfig\n    other: int\n\n    def __init__(self, config: TuneConfig | None):\n"
+        "        pass\n\n    def reads(self, reward: RewardConfig):\n        pass\n\n\n"
+        "def outer(x: int):\n    def inner(*, config: 'TuneConfig'):\n        pass\n"
+    )
+    assert _config_takers(source) == {"Run.config", "Run.__init__", "outer.inner"}

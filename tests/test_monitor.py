@@ -41,7 +41,9 @@ def test_every_episode_is_logged_and_the_best_is_drawn_against_builds(tmp_path):
         TrialResult.failure(Plan.make({"fc1": "bf16"}), "BuildError"),
     )
     cached = dataclasses.replace(good, from_store=True)
-    monitor = RunMonitor(config, tmp_path / "tb", builds_done=5, progress=False)
+    monitor = RunMonitor(
+        config.reward, config.search_budget, tmp_path / "tb", config.budget.builds, builds_done=5, progress=False
+    )
     values = [monitor.record(result) for result in (good, broken, cached, better)]
     monitor.close()
     assert values == [reward(r, config.reward, config.search_budget) for r in (good, broken, cached, better)]
@@ -61,7 +63,9 @@ def test_every_episode_is_logged_and_the_best_is_drawn_against_builds(tmp_path):
 
 def test_a_resumed_run_starts_from_the_best_in_the_store_and_its_bar_from_its_builds(tmp_path):
     config = tiny_config(tmp_path)
-    monitor = RunMonitor(config, tmp_path / "tb", builds_done=2, progress=True)
+    monitor = RunMonitor(
+        config.reward, config.search_budget, tmp_path / "tb", config.budget.builds, builds_done=2, progress=True
+    )
     monitor.seed([TrialResult.failure(Plan.make({"fc1": "int8"}), "BuildError")])
     assert monitor.best is None  # a failure is never the best, whatever its reward
     best = _trial("int8", 4.0, 0.0)

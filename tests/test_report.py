@@ -111,7 +111,9 @@ def test_the_one_liners_table_gets_the_back_to_back_timing_where_the_backend_has
         latency_ms=6.2,
         back_to_back_ms=5.0,
     )
-    data = RunData(tmp_path, tiny_config(tmp_path), [], {}, {}, {"torch-bf16": bf16})
+    config = tiny_config(tmp_path)
+    scoring = (config.name, config.metric.name, config.accuracy_budget, config.reward)
+    data = RunData(tmp_path, *scoring, [], {}, {}, {"torch-bf16": bf16})
     lines = _reference_lines(data, winner)
     assert lines[3].endswith("| ms one launch | ms back to back | winner over it back to back |")
     assert lines[4].count("---") == lines[3].count(" | ") + 1 == 8

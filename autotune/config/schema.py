@@ -480,6 +480,10 @@ class TuneConfig(_Strict):
         """``<runs_dir>/<name>``."""
         return self.runs_dir / self.name
 
+    def with_absolute_paths(self) -> TuneConfig:
+        """``runs_dir`` and ``cache_dir`` made absolute: a resume or a worker in another folder finds the same ones."""
+        return self.model_copy(update={"runs_dir": self.runs_dir.resolve(), "cache_dir": self.cache_dir.resolve()})
+
 
 def _format_errors(error: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]

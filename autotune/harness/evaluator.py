@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.backends import BuildError
-from autotune.config.schema import TuneConfig
+from autotune.config.schema import ExecutionConfig, TuneConfig
 from autotune.harness.executor import Pool, make_pool
 from autotune.harness.process import ChildRunner, forms_of
 from autotune.harness.runner import TrialRunner, confirmation_protocol
@@ -22,11 +22,13 @@ class Evaluator:
     """The one evaluation harness every strategy uses: store first, then a real build.
 
     Args:
-        config: The run's config.
+        config: The run's config: the whole of it travels to the trial process or to each worker of the pool, which
+            prepares the run from it; here it reads ``execution``, ``backend.timeout_s``, ``measure``, ``confirm``
+            and the accuracy budget.
         store: The run's trial store.
         isolate: Run trials in a child process with a timeout (default). In-process runs are for tests.
         on_result: Called with every new result (not with store hits).
-        started: The trial process ``Evaluator.start_early`` started for this config, taken over here.
+        started: A trial process already launched for this config (``one_trial_process``), taken over here.
 
     With ``execution.workers`` above 1 (or ``execution.backend: ray``) trials run on a pool of workers
     (:mod:`autotune.harness.executor`): ``evaluate_many`` keeps them all busy; everything else runs on one worker.
@@ -34,7 +36,7 @@ class Evaluator:
     Use an evaluator from the thread that created it: on Linux its trial process ends when that thread ends.
     """
 
-    def __init__(
+    def __init__(  # takes the whole config: it ships it to the trial process or the pool's workers it starts
         self,
         config: TuneConfig,
         store: TrialStore,
@@ -52,8 +54,7 @@ class Evaluator:
         self._inline: TrialRunner | None = None
         self._child: ChildRunner | None = None
         self._pool: Pool | None = None
-        parallel = config.execution.workers > 1 or config.execution.backend != "local"
-        if isolate and parallel:
+        if isolate and not self.one_trial_process(config.execution):
             self._pool = make_pool(config)
             try:
                 self._pool.start()
@@ -61,7 +62,7 @@ class Evaluator:
                 self._pool.close()
                 raise
         elif isolate:
-            self._child = started or _child_runner(config)
+            self._child = started or ChildRunner(config)
             try:
                 if started is None:
                     self._child.launch()
@@ -73,20 +74,13 @@ class Evaluator:
             self._inline = TrialRunner(config)
 
     @staticmethod
-    def start_early(config: TuneConfig, isolate: bool = True) -> ChildRunner | None:
-        """Starts the trial process an ``Evaluator(config, isolate=isolate)`` would start, before the run needs it.
+    def one_trial_process(execution: ExecutionConfig, isolate: bool = True) -> bool:
+        """An ``Evaluator`` with these settings runs its trials in one trial process (not in-process, not a pool).
 
-        The process loads the backend (its runtime's import, the device's probe) while the run analyses and
-        exports the model, then waits for the ``Evaluator`` that takes it over (``started``) to prepare the run.
-
-        Returns:
-            The process, or None where the evaluator would start none (in-process trials) or a pool.
+        Such a process may be started before the run needs it (``ChildRunner.launch(gated=True)``) and handed to the
+        evaluator (``started``): it loads the backend while the run analyses and exports the model.
         """
-        if not isolate or config.execution.workers > 1 or config.execution.backend != "local":
-            return None
-        child = _child_runner(config)
-        child.launch(gated=True)
-        return child
+        return isolate and execution.workers == 1 and execution.backend == "local"
 
     @property
     def setup_stages_s(self) -> dict[str, float]:
@@ -307,11 +301,6 @@ class Evaluator:
         if status != "result":
             raise BuildError(f"export failed: {data}")
         return data
-
-
-def _child_runner(config: TuneConfig) -> ChildRunner:
-    """The trial process of a run: the whole config travels to it."""
-    return ChildRunner(config, setup_timeout_s=max(600.0, 2 * config.backend.timeout_s))
 
 
 def _result(plan: Plan, split: str, status: str, data: Any) -> TrialResult:

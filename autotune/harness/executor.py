@@ -34,14 +34,6 @@ Outcome = tuple[str, Any]
 """A worker's answer: ``(status, data)`` with status result, error, crash or timeout."""
 
 
-def absolute_paths(config: TuneConfig) -> TuneConfig:
-    """The config with its run and cache folders absolute, so a worker with another working directory agrees.
-
-    Takes and returns the whole config: it is what travels to a worker, which prepares the run from it.
-    """
-    return config.model_copy(update={"runs_dir": config.runs_dir.resolve(), "cache_dir": config.cache_dir.resolve()})
-
-
 def core_groups(workers: int, cores_per_worker: int, available: list[int] | None = None) -> list[list[int]]:
     """Disjoint groups of ``cores_per_worker`` CPUs, one per worker, from the CPUs this process may use.
 
@@ -153,29 +145,16 @@ class Pool(ABC):
 
 
 class LocalPool(Pool):
-    """Child processes of the run (``ChildRunner``), each on its own cores or GPU.
+    """Child processes of the run (``ChildRunner``), each on its own cores or GPU (``make_pool``).
 
     Args:
-        config: The run's config: the whole of it travels to each worker, which prepares the run from it.
-        size: Number of workers.
-        pin_cores: Pin each worker to its own ``backend.intra_op_threads`` CPUs.
-        gpus: One GPU per worker (``CUDA_VISIBLE_DEVICES``).
+        children: One trial process per worker, not started.
+        timeout_s: How long one request may take (``backend.timeout_s``).
     """
 
-    def __init__(self, config: TuneConfig, size: int, pin_cores: bool = False, gpus: bool = False):
-        super().__init__(size, config.backend.timeout_s)
-        self.config = config
-        cores = core_groups(size, config.backend.intra_op_threads) if pin_cores else [None] * size
-        setup_timeout_s = max(600.0, 2 * config.backend.timeout_s)
-        self.children = [
-            ChildRunner(
-                config,
-                setup_timeout_s,
-                cores=cores[i],
-                environment={"CUDA_VISIBLE_DEVICES": str(i)} if gpus else None,
-            )
-            for i in range(size)
-        ]
+    def __init__(self, children: list[ChildRunner], timeout_s: float):
+        super().__init__(len(children), timeout_s)
+        self.children = children
 
     def start(self) -> None:
         """Starts the first worker, then the others together."""
@@ -262,21 +241,24 @@ class RayPool(Pool):
     Every node must be able to import autotune and read the model and data files at the config's paths.
 
     Args:
-        config: The run's config: the whole of it travels to each actor, which prepares the run from it.
+        config_data: The run's config as JSON, its folders absolute: it travels to each actor, which prepares the run
+            from it.
         size: Number of workers.
+        timeout_s: How long one request may take (``backend.timeout_s``).
+        cores: CPUs each actor reserves (``backend.intra_op_threads``).
+        address: The cluster to join (``execution.ray_address``; None: a local one).
         gpus: One GPU per actor.
     """
 
-    def __init__(self, config: TuneConfig, size: int, gpus: bool = False):
-        super().__init__(size, config.backend.timeout_s)
-        self.config = absolute_paths(config)  # the whole config travels to each actor, which prepares the run
+    def __init__(
+        self, config_data: dict, size: int, timeout_s: float, cores: int, address: str | None, gpus: bool = False
+    ):
+        super().__init__(size, timeout_s)
         self.ray = require("ray", "ray", "execution.backend: ray")
         if not self.ray.is_initialized():
-            self.ray.init(address=config.execution.ray_address, logging_level=logging.WARNING, log_to_driver=False)
-        self._actor_class = self.ray.remote(
-            num_cpus=config.backend.intra_op_threads, num_gpus=1 if gpus else 0, max_restarts=0
-        )(RayWorker)
-        self._config_data = self.config.model_dump(mode="json")
+            self.ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        self._actor_class = self.ray.remote(num_cpus=cores, num_gpus=1 if gpus else 0, max_restarts=0)(RayWorker)
+        self._config_data = config_data
         self._source = source_fingerprint()
         self._cache: Any = None
         self.actors: list[Any] = [None] * size
@@ -341,10 +323,21 @@ class RayPool(Pool):
 
 
 def make_pool(config: TuneConfig) -> Pool:
-    """The pool ``execution`` describes (not started); the whole config travels on to its workers."""
-    execution = config.execution
+    """The pool ``execution`` describes (not started).
+
+    Takes the whole config: it ships it to every worker (a child process, a Ray actor), which prepares the run from it.
+    """
+    execution, backend = config.execution, config.backend
     gpus = execution.gpus_per_worker > 0
     if execution.backend == "ray":
-        return RayPool(config, execution.workers, gpus=gpus)
+        shipped = config.with_absolute_paths().model_dump(mode="json")  # an actor may run in another folder
+        return RayPool(
+            shipped, execution.workers, backend.timeout_s, backend.intra_op_threads, execution.ray_address, gpus
+        )
     pin = execution.pin_cores if execution.pin_cores is not None else execution.workers > 1
-    return LocalPool(config, execution.workers, pin_cores=pin and not gpus, gpus=gpus)
+    cores = core_groups(execution.workers, backend.intra_op_threads) if pin and not gpus else [None] * execution.workers
+    children = [
+        ChildRunner(config, cores=cores[i], environment={"CUDA_VISIBLE_DEVICES": str(i)} if gpus else None)
+        for i in range(execution.workers)
+    ]
+    return LocalPool(children, backend.timeout_s)

@@ -18,9 +18,16 @@ from typing import Any
 
 from autotune.backends import Backend, backend_class
 from autotune.backends.int8_kernels import isa_features
-from autotune.config.schema import ConfigError, DataConfig, TuneConfig
-from autotune.data import load_dataset
-from autotune.model.layers import LoadedModel
+from autotune.config.schema import (
+    BackendConfig,
+    CalibrationConfig,
+    ConfigError,
+    ExecutionConfig,
+    MeasureConfig,
+    MetricConfig,
+)
+from autotune.data import Splits
+from autotune.model.layers import InputSpec
 from autotune.quant.calibrate import data_hash, usable_cores
 from autotune.run.store import TrialStore
 
@@ -76,50 +83,65 @@ def machine_identity(backend: type[Backend]) -> dict[str, Any]:
     }
 
 
-def data_fingerprint(data: DataConfig, seed: int, model: LoadedModel) -> dict[str, str]:
-    """A content hash per data split (calibration changes the ranges; evaluation and holdout the measurements)."""
-    splits = {"calibration": data.calibration, "evaluation": data.evaluation}
-    splits["holdout"] = data.holdout or data.evaluation
-    seeds = {"evaluation": seed, "holdout": seed + 1, "calibration": seed + 2}
-    return {
-        name: data_hash(load_dataset(source, model.inputs, name, seeds[name]).batches)
-        for name, source in splits.items()
-    }
+def data_fingerprint(splits: Splits, inputs: Sequence[InputSpec]) -> dict[str, str]:
+    """A content hash per data split (calibration changes the ranges; evaluation and holdout the measurements).
+
+    Args:
+        splits: The run's splits (loaded here where nothing loaded them yet).
+        inputs: The model's inputs.
+    """
+    return {name: data_hash(splits.load(name, inputs).batches) for name in ("calibration", "evaluation", "holdout")}
 
 
-def comparability_key(config: TuneConfig, model: LoadedModel) -> dict[str, Any]:
+def comparability_key(
+    model_hash: str,
+    data: dict[str, str],
+    metric: MetricConfig,
+    calibration: CalibrationConfig,
+    backend: BackendConfig,
+    measure: MeasureConfig,
+) -> dict[str, Any]:
     """What must be equal for two runs' trials to be comparable.
 
     Model file, data, metric, calibration settings, backend and its options, measurement protocol, machine and
     kernel library versions. Not the accuracy budget, reward, build budget, search strategy or seed.
+
+    Args:
+        model_hash: The model's hash (``LoadedModel.hash``).
+        data: The data's fingerprint (``data_fingerprint``).
+        metric: The ``metric`` section.
+        calibration: The ``calibration`` section.
+        backend: The ``backend`` section.
+        measure: The ``measure`` section.
     """
     return {
-        "model": model.hash,
-        "data": data_fingerprint(config.data, config.seed, model),
-        "metric": config.metric.model_dump(mode="json"),
-        "calibration": config.calibration.model_dump(mode="json"),
-        "backend": config.backend.model_dump(mode="json"),
-        "measure": config.measure.model_dump(mode="json"),
-        "machine": machine_identity(backend_class(config.backend.name)),
-        "libraries": _library_versions(config.backend.name),
+        "model": model_hash,
+        "data": data,
+        "metric": metric.model_dump(mode="json"),
+        "calibration": calibration.model_dump(mode="json"),
+        "backend": backend.model_dump(mode="json"),
+        "measure": measure.model_dump(mode="json"),
+        "machine": machine_identity(backend_class(backend.name)),
+        "libraries": _library_versions(backend.name),
     }
 
 
-def pace_key(config: TuneConfig, model: LoadedModel, feeds_hash: str) -> str:
+def pace_key(
+    model_hash: str, feeds_hash: str, backend: BackendConfig, measure: MeasureConfig, execution: ExecutionConfig
+) -> str:
     """What sets the FP32 reference's pace on this machine (``autotune.measure.pace``), as 16 hex characters.
 
     The model, the batch it is timed on (``feeds_hash``), the backend and its options, how a round times it, the
     trial workers beside it, the machine and the kernel libraries.
     """
-    measure = config.measure
     fields = {
-        "model": model.hash,
+        "model": model_hash,
         "feeds": feeds_hash,
-        "backend": config.backend.model_dump(mode="json"),
+        "backend": backend.model_dump(mode="json"),
         "round": {"warmup": measure.warmup, "repeats": measure.repeats, "min_sample_ms": measure.min_sample_ms},
-        "execution": config.execution.model_dump(mode="json"),
-        "machine": machine_identity(backend_class(config.backend.name)),
-        "libraries": _library_versions(config.backend.name),
+        "execution": execution.model_dump(mode="json"),
+        "machine": machine_identity(backend_class(backend.name)),
+        "libraries": _library_versions(backend.name),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -218,20 +218,20 @@ class ChildRunner:
 
     Args:
         config: The run's config: the whole of it travels to the child process, which prepares the run from it.
-        setup_timeout_s: How long preparing the run may take.
+        setup_timeout_s: How long preparing the run may take; default twice ``backend.timeout_s``, at least 600 s.
         cores: CPUs the process is pinned to (None: not pinned).
         environment: Environment variables of the process, e.g. ``CUDA_VISIBLE_DEVICES``.
     """
 
-    def __init__(
+    def __init__(  # takes the whole config: it ships it to the child process (a process boundary)
         self,
         config: TuneConfig,
-        setup_timeout_s: float,
+        setup_timeout_s: float | None = None,
         cores: list[int] | None = None,
         environment: dict[str, str] | None = None,
     ):
         self.config = config
-        self.setup_timeout_s = setup_timeout_s
+        self.setup_timeout_s = setup_timeout_s or max(600.0, 2 * config.backend.timeout_s)
         self.cores = cores
         self.environment = environment
         self._context = multiprocessing.get_context("spawn")

@@ -14,7 +14,7 @@ import numpy as np
 
 from autotune.backends import BackendUnavailable, BuildError, get_backend
 from autotune.config.schema import ConfirmConfig, MeasureConfig, TuneConfig
-from autotune.data import Dataset, load_dataset
+from autotune.data import Dataset, Splits
 from autotune.harness.deadline import layerwise_allowance_s
 from autotune.harness.identity import pace_key
 from autotune.harness.prepare import (
@@ -136,7 +136,8 @@ class TrialRunner:
     """Prepares a run once (model, data, calibration, FP32 reference) and runs trials.
 
     Args:
-        config: The run's config: preparing the run reads nearly every section of it.
+        config: The run's config, as shipped to the trial process (or Ray actor) it runs in: preparing the run
+            reads nearly every section of it.
         gate: Called once the backend is loaded (its runtime imported, its device probed, ``load_ahead`` done),
             before the model is: a trial process started with the run waits there until the run has exported the
             model.
@@ -182,15 +183,12 @@ class TrialRunner:
             self.model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
             self.space = search_space(config.search, self.model, self.backend)
             prepare_backend(self.backend, self.model, self.space)
-        with stage("data"):
+        with stage("data"):  # each split once: without a holdout of its own, the evaluation data is read once
+            splits = Splits(config.data, config.seed)
             self.datasets: dict[str, Dataset] = {
-                "evaluation": load_dataset(config.data.evaluation, self.model.inputs, "evaluation", config.seed),
+                name: splits.load(name, self.model.inputs) for name in ("evaluation", "holdout")
             }
-            holdout = config.data.holdout or config.data.evaluation
-            self.datasets["holdout"] = load_dataset(holdout, self.model.inputs, "holdout", config.seed + 1)
-            self._calibration_data = load_dataset(
-                config.data.calibration, self.model.inputs, "calibration", config.seed + 2
-            )
+            self._calibration_data = splits.load("calibration", self.model.inputs)
         self.calibration_batches = self._calibration_data.batches  # what the platform's one-liners calibrate on
 
     def _prepare_reference_and_calibration(self, stage: Stages) -> None:
@@ -446,7 +444,8 @@ class TrialRunner:
         """
         if split not in self._paces:
             feeds_hash = data_hash([self.datasets[split].batches[0]])
-            remembered = RememberedPace(self.config.cache_dir, pace_key(self.config, self.model, feeds_hash))
+            key = pace_key(self.model.hash, feeds_hash, self.config.backend, self.config.measure, self.config.execution)
+            remembered = RememberedPace(self.config.cache_dir, key)
             self._paces[split] = (ReferencePace(remembered_ms=remembered.typical_ms()), remembered)
         return self._paces[split][0]
 

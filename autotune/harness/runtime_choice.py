@@ -15,13 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from autotune.backends import BackendUnavailable, BuildError
-from autotune.config.schema import TuneConfig
+from autotune.backends import Backend, BackendUnavailable, BuildError
+from autotune.config.schema import BackendConfig
+from autotune.data import Dataset
 from autotune.extras import MissingExtra
 from autotune.measure.timing import Protocol, side_by_side
+from autotune.model.layers import LoadedModel
 from autotune.plan import PRECISIONS, Plan
+from autotune.search.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,10 @@ class RuntimeChoice:
         """A JSON-ready dict (``backend_choice`` of ``summary.json``)."""
         return asdict(self)
 
+    def backend_of(self, requested: BackendConfig) -> BackendConfig:
+        """The ``backend`` section to run with: the chosen runtime, the other timed ones' one-liners as references."""
+        return backend_on(requested, self.runtime, [runtime for runtime in self.speedups if runtime != self.runtime])
+
 
 def installed_runtimes() -> tuple[list[str], dict[str, str]]:
     """The CPU runtimes importable here, and why each other one is not (a missing package)."""
@@ -114,51 +122,74 @@ def decide(speedups: Timings, skipped: Mapping[str, str] | None = None) -> Runti
     return RuntimeChoice(chosen, line, {r: dict(s) for r, s in speedups.items()}, skipped)
 
 
-def with_backend(config: TuneConfig, name: str, references_of: Sequence[str] = ()) -> TuneConfig:
-    """``config`` on the runtime ``name``, ``references_of`` the runtimes whose one-liners are references too."""
-    options = config.backend.options.model_copy(update={"reference_runtimes": list(references_of)})
-    return config.model_copy(update={"backend": config.backend.model_copy(update={"name": name, "options": options})})
+def backend_on(backend: BackendConfig, name: str, references_of: Sequence[str] = ()) -> BackendConfig:
+    """The ``backend`` section on the runtime ``name``; ``references_of``: runtimes whose one-liners are references."""
+    options = backend.options.model_copy(update={"reference_runtimes": list(references_of)})
+    return backend.model_copy(update={"name": name, "options": options})
 
 
-def choose_runtime(
-    config: TuneConfig,
-    measure: Callable[[TuneConfig, Sequence[str]], tuple[dict[str, dict[str, float]], dict[str, str]]] | None = None,
+def choose(
+    requested: str,
+    measure: Callable[[Sequence[str]], tuple[dict[str, dict[str, float]], dict[str, str]]],
     say: Callable[[str], None] = lambda line: None,
     timed: bool = True,
-) -> tuple[TuneConfig, RuntimeChoice | None]:
-    """The config to run with: as it is where it names a runtime, else with the measured choice (``decide``).
+) -> RuntimeChoice | None:
+    """The measured choice (``decide``) where ``backend.name`` is ``auto``; None where it names a runtime.
 
     Args:
-        config: The run's config.
-        measure: Times the seeds of the runtimes named (``Timings``) and says which it could not time; default
-            :func:`time_seeds`.
+        requested: The config's ``backend.name``.
+        measure: Times the seeds of the runtimes named (``Timings``) and says which it could not time
+            (:func:`time_seeds` on the run's set-up).
         say: Prints the choice's line.
         timed: False: ONNX Runtime without timing, for a command that only looks at the model (``inspect``).
-
-    Returns:
-        The config naming a runtime, and the choice (None where the config named one).
     """
-    if config.backend.name != AUTO:
-        return config, None
+    if requested != AUTO:
+        return None
     runtimes, skipped = installed_runtimes()
     if not timed:
         runtimes, skipped = runtimes[:1], {"auto": "not timed for this command; autotune tune and evaluate time them"}
     speedups: dict[str, dict[str, float]] = {}
     if len(runtimes) > 1:
-        timed, failed = (measure or time_seeds)(config, runtimes)
-        speedups.update(timed)
+        timings, failed = measure(runtimes)
+        speedups.update(timings)
         skipped.update(failed)
     choice = decide(speedups, skipped)
     say(choice.line)
-    others = [runtime for runtime in speedups if runtime != choice.runtime]
-    return with_backend(config, choice.runtime, others), choice
+    return choice
 
 
-def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+@dataclass(frozen=True)
+class SeedSetup:
+    """One runtime set up to build the run's seeds as a run on it would (``autotune.api.seed_timings`` sets it up).
+
+    Attributes:
+        backend: The runtime's backend.
+        model: The model, loaded for it.
+        space: The run's search space on it.
+        calibration: The calibration split.
+        max_ranges: The ``max`` calibration ranges of the model on it (cached for the run that follows).
+        workdir: Where the seeds are built.
+    """
+
+    backend: Backend
+    model: LoadedModel
+    space: SearchSpace
+    calibration: Dataset
+    max_ranges: Callable[[], dict]
+    workdir: Path
+
+
+def time_seeds(
+    runtimes: Sequence[str], set_up: Callable[[str], SeedSetup]
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Builds the FP32 and all-INT8 seeds on each runtime and times them side by side.
 
     ONNX Runtime's FP32 reference is the clock every speedup is over. Another runtime whose set-up or seeds fail
     is left out, with the reason (its runtime's own line, never a traceback).
+
+    Args:
+        runtimes: The runtimes to time.
+        set_up: A runtime's set-up (``SeedSetup``).
 
     Raises:
         SetupError: ONNX Runtime cannot set the run up (the model, the data): the error the run would stop with.
@@ -170,7 +201,7 @@ def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, d
     reference = None
     for runtime in runtimes:
         try:
-            seeds = _seed_runners(with_backend(config, runtime))
+            seeds = seed_runners(set_up(runtime))
         except (SetupError, BuildError, BackendUnavailable, MissingExtra, RuntimeError) as error:
             if runtime == CPU_RUNTIMES[0]:  # the default: its run would stop with this error, so the choice does
                 raise
@@ -191,7 +222,7 @@ def time_seeds(config: TuneConfig, runtimes: Sequence[str]) -> tuple[dict[str, d
     return speedups, skipped
 
 
-def _seed_runners(config: TuneConfig) -> dict[str, Callable[[], object]]:
+def seed_runners(setup: SeedSetup) -> dict[str, Callable[[], object]]:
     """Runs of each seed's engine over two calibration batches, by seed name, built as the run builds its seeds.
 
     The model, search space and calibration ranges are the run's (the calibration cached for it); the INT8 seed
@@ -199,36 +230,22 @@ def _seed_runners(config: TuneConfig) -> dict[str, Callable[[], object]]:
     same, and a MiniLM's layerwise calibration alone takes minutes on two cores.
 
     Raises:
-        SetupError: The model, the data or the backend cannot be used.
         BuildError: A seed does not build.
     """
-    from autotune.backends import get_backend
-    from autotune.data import load_dataset
-    from autotune.harness.prepare import SetupError, calibrate_ranges, load_model, prepare_backend, search_space
     from autotune.quant.lowering import NONE, Quantization
 
-    try:
-        backend = get_backend(config.backend, config.model, config.accuracy_budget, config.metric.name)
-        model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
-        space = search_space(config.search, model, backend)
-        prepare_backend(backend, model, space)
-        data = load_dataset(config.data.calibration, model.inputs, "calibration", config.seed + 2)
-    except (ValueError, OSError) as error:
-        raise SetupError(str(error)) from error
-    workdir = config.cache_dir / "runtime_choice" / config.backend.name
+    backend, space = setup.backend, setup.space
     fp32 = space.uniform("fp32", backend.fp32_reference_knobs())
-    artifacts = {"fp32": backend.build(fp32, NONE, workdir)}
+    artifacts = {"fp32": backend.build(fp32, NONE, setup.workdir)}
     ranges = None
     for precision in SEEDS[1:]:
         plan: Plan = space.uniform(precision)
         if plan.hash == space.uniform("fp32").hash:  # no such layer here: the FP32 seed stands for it
             continue
         if ranges is None and ("int8" in precision or "fp8" in precision):
-            ranges = Quantization(
-                calibrate_ranges(config.calibration, config.cache_dir, model, backend, data).ranges("max")
-            )
-        artifacts[precision] = backend.build(plan, ranges if ranges is not None else NONE, workdir)
-    batches = data.batches[:2]
+            ranges = Quantization(setup.max_ranges())
+        artifacts[precision] = backend.build(plan, ranges if ranges is not None else NONE, setup.workdir)
+    batches = setup.calibration.batches[:2]
     return {
         seed: (lambda artifact=artifact: [backend.run(artifact, batch) for batch in batches])
         for seed, artifact in artifacts.items()

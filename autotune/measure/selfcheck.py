@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from autotune.config.schema import ConfirmConfig, TuneConfig
+from autotune.config.schema import ConfirmConfig, RewardConfig
 from autotune.harness.deadline import MIN_CONFIRM_ROUNDS
 from autotune.harness.evaluator import Evaluator
 from autotune.measure.confidence import SELF_CHECK_BAND, SelfCheck
@@ -144,12 +144,11 @@ def bar_line(bar: dict[str, dict[str, Any]], budget: float) -> str | None:
     return "; ".join([head, *others, *failed])
 
 
-def with_measured_noise(config: TuneConfig, check: SelfCheck | None) -> TuneConfig:
-    """The config with ``reward.tie_within`` set to the measured noise where the user left it unset."""
-    if check is None or config.reward.tie_within is not None:
-        return config
-    reward = config.reward.model_copy(update={"tie_within": check.noise})
-    return config.model_copy(update={"reward": reward})
+def with_measured_noise(reward: RewardConfig, check: SelfCheck | None) -> RewardConfig:
+    """The ``reward`` section with ``tie_within`` set to the measured noise where the user left it unset."""
+    if check is None or reward.tie_within is not None:
+        return reward
+    return reward.model_copy(update={"tie_within": check.noise})
 
 
 def confirmation_rounds(confirm: ConfirmConfig, check: SelfCheck | None) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.config.schema import ConfigError, TuneConfig, dump_config, load_config
+from autotune.config.schema import ConfigError, TuneConfig, load_config
 from autotune.run.files import atomic_write
 
 
@@ -50,14 +50,19 @@ class RunDir:
         return self.root / "summary.json"
 
     @classmethod
-    def create(cls, config: TuneConfig) -> RunDir:
+    def create(cls, root: Path, resolved_config: str) -> RunDir:
         """Creates the run directory and writes the resolved config.
+
+        Args:
+            root: The run directory (``TuneConfig.run_dir``).
+            resolved_config: The config as YAML (``dump_config``), its folders absolute
+                (``TuneConfig.with_absolute_paths``), so the run resumes from any working directory.
 
         Raises:
             ConfigError: The run already has trials (resume it or choose another name), or the directory
                 cannot be written.
         """
-        run = cls(config.run_dir)
+        run = cls(root)
         if run.store.exists():
             raise ConfigError(
                 f"{run.root} already holds a run: continue it with `autotune resume {run.root}`, "
@@ -65,11 +70,7 @@ class RunDir:
             )
         try:
             run.root.mkdir(parents=True, exist_ok=True)
-            # runs_dir and cache_dir are relative to the working directory: pin them, so resume works from anywhere
-            pinned = config.model_copy(
-                update={"runs_dir": config.runs_dir.resolve(), "cache_dir": config.cache_dir.resolve()}
-            )
-            atomic_write(run.config, dump_config(pinned))
+            atomic_write(run.config, resolved_config)
         except OSError as error:
             raise ConfigError(f"cannot write the run directory {run.root}: {error}") from error
         return run

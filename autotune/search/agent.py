@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.config.schema import PlanningRule, TuneConfig
+from autotune.config.schema import PlanningRule
+from autotune.config.views import SearchSettings
 from autotune.interrupt import interrupts_held
 from autotune.plan import Plan
 from autotune.run.files import atomic_write
@@ -286,7 +287,7 @@ class _Agent:
 
     def __init__(
         self,
-        config: TuneConfig,
+        settings: SearchSettings,
         space: SearchSpace,
         driver: Driver,
         paths: AgentPaths,
@@ -296,21 +297,21 @@ class _Agent:
         from stable_baselines3.common.logger import configure
         from stable_baselines3.common.vec_env import DummyVecEnv
 
-        self.config, self.space, self.driver, self.checkpoints = config, space, driver, paths.checkpoints
-        self.planner = models.planner(config.planning, space, driver.workers)
+        self.settings, self.space, self.driver, self.checkpoints = settings, space, driver, paths.checkpoints
+        self.planner = models.planner(settings.planning, space, driver.workers)
         # The builds' wall time, which the agent's compute is sized to.
-        self.pace = ComputePace(config.ppo.compute_share, lambda: driver.build_s)
+        self.pace = ComputePace(settings.ppo.compute_share, lambda: driver.build_s)
         make_env = self._env_factory(make_env, models.estimates)
         # Real episodes end in plans not built yet where their last choice allows one (novel_endings); imagined
         # ones cost no build and are not masked so.
         self.real = _real_envs(lambda score: make_env(score, models.measured), driver)
-        self.real.seed(config.seed)
+        self.real.seed(settings.seed)
         self.current: Surrogate | None = None  # the model of the trials the imagined episodes are scored by
         envs = driver.workers
         self.imagined = DummyVecEnv([make_env(lambda plan: self.current.result(plan)) for _ in range(envs)])
-        self.imagined.seed(config.seed + 1)
+        self.imagined.seed(settings.seed + 1)
         episode_length = len(self.real.envs[0].unwrapped.steps)
-        n_steps = -(-config.ppo.episodes_per_update // envs) * episode_length  # per env
+        n_steps = -(-settings.ppo.episodes_per_update // envs) * episode_length  # per env
         self.rollout = n_steps * envs
         self.rollout_episodes = self.rollout // episode_length
         self.model = self._policy(n_steps, paths.resume)
@@ -323,15 +324,15 @@ class _Agent:
 
     def _env_factory(self, make_env: EnvMaker, estimates: Callable[[], Any] | None) -> Callable[..., Any]:
         """``(score, measured=None)`` to an env constructor, as ``DummyVecEnv`` takes them."""
-        config, space = self.config, self.space
+        settings, space = self.settings, self.space
         return lambda score, measured=None: (
             lambda: make_env(
                 space,
                 score,
-                config.reward,
-                config.search_budget,
+                settings.reward,
+                settings.search_budget,
                 estimates=estimates,
-                shaping=config.ppo.reward_shaping,
+                shaping=settings.ppo.reward_shaping,
                 measured=measured,
             )
         )
@@ -340,7 +341,7 @@ class _Agent:
         """A fresh MaskablePPO on the real envs, or the checkpoint ``latest.zip`` of the run being resumed."""
         from sb3_contrib import MaskablePPO
 
-        latest, ppo = self.checkpoints / LATEST, self.config.ppo
+        latest, ppo = self.checkpoints / LATEST, self.settings.ppo
         if resume and latest.exists():
             return MaskablePPO.load(latest, env=self.real, device="cpu")
         return MaskablePPO(
@@ -355,28 +356,33 @@ class _Agent:
             ent_coef=ppo.ent_coef,
             clip_range=ppo.clip_range,
             policy_kwargs={"net_arch": list(ppo.net_arch)},
-            seed=self.config.seed,
+            seed=self.settings.seed,
             device="cpu",
             verbose=0,
         )
 
     def _hparams(self) -> dict[str, Any]:
         """The run's hyperparameters, for TensorBoard."""
-        config = self.config
-        hparams = {k: v for k, v in config.ppo.model_dump().items() if not isinstance(v, list)}
-        return {**hparams, "seed": config.seed, "budget": self.driver.budget, "accuracy_budget": config.accuracy_budget}
+        settings = self.settings
+        hparams = {k: v for k, v in settings.ppo.model_dump().items() if not isinstance(v, list)}
+        return {
+            **hparams,
+            "seed": settings.seed,
+            "budget": self.driver.budget,
+            "accuracy_budget": settings.accuracy_budget,
+        }
 
     def run(self) -> None:
         """The planner's opening and probes, then rehearsal, planning step and rollout, until the driver says stop."""
-        config, driver = self.config, self.driver
+        settings, driver = self.settings, self.driver
         driver.run(Stepwise(self.planner.opening()))
-        if config.planner.probe_plans:
+        if settings.planner.probe_plans:
             driver.build(self.planner.probes())  # on a resumed run the store answers the probes already built
         driver.stalled = 0  # the opening and probes a resumed run finds in its store say nothing about the policy
-        callback = _make_callback(driver, self.checkpoints, config.ppo.checkpoint_every_builds, self._hparams())
+        callback = _make_callback(driver, self.checkpoints, settings.ppo.checkpoint_every_builds, self._hparams())
         while not driver.exhausted():
             # Rehearse first: once the probes are built, even the first real plans come from an informed policy.
-            self.current = self.planner.surrogate() if config.ppo.imagined_episodes else None
+            self.current = self.planner.surrogate() if settings.ppo.imagined_episodes else None
             self.rehearse()
             if self.plan():  # a rollout would build at least one plan more
                 break
@@ -386,7 +392,7 @@ class _Agent:
             if driver.left and (driver.stalled >= driver.stall or self.idle_rollouts):
                 # A converged policy repeats plans the store answers for free: the budget left goes to plans not
                 # built yet (whose builds end the stall), and the run ends early only when there are none.
-                driver.build(self.planner.unbuilt(self.current, driver.workers, config.seed + driver.builds))
+                driver.build(self.planner.unbuilt(self.current, driver.workers, settings.seed + driver.builds))
             if not rolled and driver.builds == builds:  # nothing else moved the search on: the policy does
                 self.roll_out(callback)
         save_checkpoint(self.model, self.checkpoints, driver.builds if driver.builds >= driver.budget else None)
@@ -418,14 +424,14 @@ class _Agent:
 
     def rehearse(self) -> None:
         """Clones a fresh policy toward the model's best plan once, then learns from the episodes the pace allows."""
-        config = self.config
+        settings = self.settings
         if self.current is None:
             return
-        if not self.cloned and config.planner.imitation > 0:
-            best = model_best_plan(self.current, self.space, config.search_budget, seed=config.seed)
-            imitate(self.model, self.imagined.envs[0], best, config.planner.imitation)
+        if not self.cloned and settings.planner.imitation > 0:
+            best = model_best_plan(self.current, self.space, settings.search_budget, seed=settings.seed)
+            imitate(self.model, self.imagined.envs[0], best, settings.planner.imitation)
             self.cloned = True
-        episodes = self.pace.rehearsal_episodes(config.ppo.imagined_episodes, self.rollout_episodes)
+        episodes = self.pace.rehearsal_episodes(settings.ppo.imagined_episodes, self.rollout_episodes)
         if episodes > 0:
             self.model.set_env(self.imagined)
             started = time.perf_counter()
@@ -436,14 +442,14 @@ class _Agent:
 
     def plan(self) -> bool:
         """The planner's step on the model the rehearsal used, built for real; True when it spent the budget."""
-        if not self.config.planner.build_model_plan or self.current is None or not self.driver.left:
+        if not self.settings.planner.build_model_plan or self.current is None or not self.driver.left:
             return False
-        self.driver.build(self.planner.planning_step(self.current, self.config.seed + self.driver.builds))
+        self.driver.build(self.planner.planning_step(self.current, self.settings.seed + self.driver.builds))
         return not self.driver.left
 
 
 def train(
-    config: TuneConfig,
+    settings: SearchSettings,
     space: SearchSpace,
     driver: Driver,
     paths: AgentPaths,
@@ -463,7 +469,7 @@ def train(
     built together, and each planning step builds ``workers * planner.model_plans`` plans side by side.
 
     Args:
-        config: The run's config (``ppo``, ``planner``, ``seed``, ``reward``, the accuracy budgets).
+        settings: What the search reads of the config (``ppo``, ``planner``, ``seed``, ``reward``, the budgets).
         space: The search space.
         driver: Builds the plans and ends the search (:class:`~autotune.search.driver.Driver`).
         paths: Where the agent's logs and checkpoints go, and whether it resumes.
@@ -476,7 +482,7 @@ def train(
     agent = None
     try:
         with one_torch_thread():
-            agent = _Agent(config, space, driver, paths, models or TrialModels(), make_env)
+            agent = _Agent(settings, space, driver, paths, models or TrialModels(), make_env)
             agent.run()
     except KeyboardInterrupt:
         # Ctrl-C: every measured trial is already committed; keep the agent too, so `autotune resume` goes on.
@@ -509,7 +515,7 @@ def one_torch_thread() -> Iterator[None]:
 class PolicySearch:
     """The agent (the PPO policy with the surrogate planner) as a search the driver runs: see :func:`train`."""
 
-    config: TuneConfig
+    settings: SearchSettings
     space: SearchSpace
     paths: AgentPaths
     models: TrialModels
@@ -517,4 +523,4 @@ class PolicySearch:
 
     def drive(self, driver: Driver) -> None:
         """Trains the policy on ``driver`` until it is exhausted."""
-        train(self.config, self.space, driver, self.paths, self.models, make_env=self.make_env)
+        train(self.settings, self.space, driver, self.paths, self.models, make_env=self.make_env)

@@ -9,6 +9,9 @@ Store hits are free, so the loop also stops after ``budget.stall_episodes`` plan
 in a space of few plans: :data:`STALLS_PER_PLAN`), and after ``budget.minutes`` of wall time where the config sets it.
 The agent's policy runs its own loop (SB3's ``learn`` steps the env, whose last step builds) as a
 :class:`SelfDriven` search: it builds through the same driver and stops when the driver says so.
+
+Whoever watches the run (its monitor, the deadline that leaves the confirmation its time) is a
+:class:`DriverCallback` the driver tells of every result as it lands, as SB3 tells its callbacks of every step.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ class Harness(Protocol):
 
     def evaluate_many(self, plans: Sequence[Plan], limit: int | None = None) -> Iterable[TrialResult]:
         """Results of the plans (a plan given twice once), store hits first, at most ``limit`` new builds."""
+        ...
+
+
+class DriverCallback(Protocol):
+    """Told of every result the driver's builds bring, as it lands (store hits too), before the driver counts it."""
+
+    def on_result(self, result: TrialResult, driver: Driver) -> None:
+        """One result of ``driver``'s current :meth:`Driver.build`."""
         ...
 
 
@@ -104,6 +115,7 @@ class Driver:
         clock: Where the time comes from (``time.monotonic``; a test passes its own).
         plans: Distinct plans of the search space, where known: the stall rule gives up after
             ``STALLS_PER_PLAN`` store hits in a row per plan when that is sooner.
+        callbacks: Told of every result as it lands (:class:`DriverCallback`), in this order.
 
     Attributes:
         build_s: Wall seconds spent in builds so far (store hits included), which the agent's compute is paced by.
@@ -117,8 +129,10 @@ class Driver:
         seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         plans: int | None = None,
+        callbacks: Sequence[DriverCallback] = (),
     ):
         self.harness = harness
+        self.callbacks = list(callbacks)
         self.budget = budget
         self.stall = stall if plans is None else max(1, min(stall, STALLS_PER_PLAN * plans))
         self.stalled = 0
@@ -133,11 +147,12 @@ class Driver:
         budget: BudgetConfig,
         space: SearchSpace | None = None,
         clock: Callable[[], float] = time.monotonic,
+        callbacks: Sequence[DriverCallback] = (),
     ) -> Driver:
         """A driver with the builds, stall rule and time limit of ``budget``, its stalls sized to ``space``."""
         seconds = None if budget.minutes is None else 60 * budget.minutes
         plans = None if space is None else space.size
-        return cls(harness, budget.builds, budget.stall_episodes, seconds, clock, plans)
+        return cls(harness, budget.builds, budget.stall_episodes, seconds, clock, plans, callbacks)
 
     @property
     def out_of_time(self) -> bool:
@@ -167,13 +182,18 @@ class Driver:
         """Builds plans side by side, at most as many new builds as the budget has left, and keeps the stall count.
 
         Returns the results in the order they completed (store hits first); a plan past the budget has none. A plan
-        given twice counts as a store hit the second time, as it would one at a time.
+        given twice counts as a store hit the second time, as it would one at a time. Each result is handed to the
+        callbacks as it lands, while the other builds still run.
         """
         if not plans or self.left == 0:
             return []
         started = self.clock()
+        results: list[TrialResult] = []
         try:
-            results = list(self.harness.evaluate_many(plans, self.left))
+            for result in self.harness.evaluate_many(plans, self.left):
+                for callback in self.callbacks:
+                    callback.on_result(result, self)
+                results.append(result)
         finally:
             self.build_s += self.clock() - started
         evaluated = {result.plan_hash for result in results}

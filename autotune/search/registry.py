@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.config.schema import ConfigError, TuneConfig
+from autotune.config.schema import ConfigError
+from autotune.config.views import SearchSettings
 from autotune.plan import PRECISIONS, KnobValue
 from autotune.search.agent import AgentPaths, EnvMaker, PolicySearch, TrialModels
 from autotune.search.driver import Driver, SelfDriven, search_with_seeds
@@ -24,7 +25,7 @@ class SearchInputs:
     """What a strategy is made from.
 
     Attributes:
-        config: The run's config.
+        settings: What the searches read of the run's config (``SearchSettings.of``).
         workers: Builds that run at once.
         models: The models of the trials on the space the seeds leave (the agent and the planner only; made once
             the seeds are built, so priors are computed only for a search that runs).
@@ -32,7 +33,7 @@ class SearchInputs:
         make_env: The env's constructor the agent runs its policy in (the agent only; the run hands it in).
     """
 
-    config: TuneConfig
+    settings: SearchSettings
     workers: int = 1
     models: Callable[[SearchSpace], TrialModels] = lambda space: TrialModels()
     paths: AgentPaths | None = None
@@ -41,17 +42,17 @@ class SearchInputs:
     @property
     def aim(self) -> Aim:
         """What the searches aim at: the search budget, the reward and the seed."""
-        return Aim(self.config.search_budget, self.config.reward, self.config.seed)
+        return Aim(self.settings.search_budget, self.settings.reward, self.settings.seed)
 
 
 def _policy(space: SearchSpace, inputs: SearchInputs) -> PolicySearch:
     if inputs.paths is None or inputs.make_env is None:
         raise ValueError("the ppo strategy needs the agent's paths and the env's constructor")
-    return PolicySearch(inputs.config, space, inputs.paths, inputs.models(space), inputs.make_env)
+    return PolicySearch(inputs.settings, space, inputs.paths, inputs.models(space), inputs.make_env)
 
 
 def _planner(space: SearchSpace, inputs: SearchInputs) -> Planner:
-    return inputs.models(space).planner(inputs.config.planning, space, inputs.workers)
+    return inputs.models(space).planner(inputs.settings.planning, space, inputs.workers)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _fixed(precision: str) -> StrategyEntry:
 STRATEGIES: dict[str, StrategyEntry] = {
     "ppo": StrategyEntry(_policy),
     "planner": StrategyEntry(_planner),
-    "random": StrategyEntry(lambda space, inputs: Random(space, inputs.config.seed), independent=True),
+    "random": StrategyEntry(lambda space, inputs: Random(space, inputs.settings.seed), independent=True),
     "greedy": StrategyEntry(lambda space, inputs: Greedy(space, inputs.aim, inputs.workers)),
     "optuna": StrategyEntry(lambda space, inputs: Optuna(space, inputs.aim)),
     **{precision: _fixed(precision) for precision in PRECISIONS},

@@ -55,6 +55,7 @@ import numpy as np
 
 from autotune.api import analyze
 from autotune.config.schema import load_config
+from autotune.config.views import SearchSettings
 from autotune.confirm import finalist_order
 from autotune.harness.priors import PRIOR_META
 from autotune.run.store import TrialStore
@@ -245,7 +246,9 @@ def replay(
     models = TrialModels.refitted(fitted, use_prior is not None)
     with tempfile.TemporaryDirectory() as scratch:
         paths = AgentPaths(Path(scratch) / "tb", Path(scratch) / "checkpoints")
-        inputs = SearchInputs(config, driver.workers, lambda _: models, paths, make_env=EngineBuildEnv)
+        inputs = SearchInputs(
+            SearchSettings.of(config), driver.workers, lambda _: models, paths, make_env=EngineBuildEnv
+        )
         run_strategy("ppo" if strategy.startswith("ppo") else strategy, driver, space, inputs)
     true = [truth.predict(r.plan) for r in built]
     within = [speedup for speedup, drop in true if drop <= config.search_budget]

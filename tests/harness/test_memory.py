@@ -10,12 +10,14 @@ import pytest
 
 from autotune.backends import backend_class
 from autotune.config.schema import ConfigError
+from autotune.data import Splits
 from autotune.harness.earlier_runs import import_runs
 from autotune.harness.identity import (
     KEY_META,
     check_comparable,
     check_resumable,
     comparability_key,
+    data_fingerprint,
     key_differences,
     machine_identity,
 )
@@ -146,13 +148,18 @@ def test_prior_inputs_round_trip_through_the_store_and_lend_their_shares(tmp_pat
 def test_the_comparability_key_follows_the_data_and_machine_not_the_budget(tmp_path):
     config = tiny_config(tmp_path)
     model = load_model(config.model, config.inputs, config.backend.name, config.cache_dir)
-    key = comparability_key(config, model)
+
+    def key_of(config):
+        data = data_fingerprint(Splits(config.data, config.seed), model.inputs)
+        return comparability_key(model.hash, data, config.metric, config.calibration, config.backend, config.measure)
+
+    key = key_of(config)
     assert set(key) == {"model", "data", "metric", "calibration", "backend", "measure", "machine", "libraries"}
     assert key["machine"] == machine_identity(backend_class(config.backend.name)) and key["machine"]["gpu"] is None
     assert set(key["libraries"]) == {"onnxruntime", "onnx", "numpy"} and key["model"] == model.hash
-    assert comparability_key(config.model_copy(update={"accuracy_budget": 0.5}), model) == key
+    assert key_of(config.model_copy(update={"accuracy_budget": 0.5})) == key
     data = np.load(config.data.holdout.npz)
     np.savez(tmp_path / "other.npz", x=data["x"] + 1, labels=data["labels"])
     holdout = config.data.holdout.model_copy(update={"npz": tmp_path / "other.npz"})
     moved = config.model_copy(update={"data": config.data.model_copy(update={"holdout": holdout})})
-    assert key_differences(key, comparability_key(moved, model)) == ["data"]
+    assert key_differences(key, key_of(moved)) == ["data"]

@@ -48,8 +48,9 @@ def test_a_trial_process_started_with_the_run_reads_the_model_only_once_the_run_
     config = tiny_config(tmp_path)
     model = tmp_path / "tiny.onnx"
     exported = model.rename(tmp_path / "later.onnx")  # the run is still exporting it
-    child = Evaluator.start_early(config)
-    assert child is not None and Evaluator.start_early(config, isolate=False) is None
+    assert Evaluator.one_trial_process(config.execution) and not Evaluator.one_trial_process(config.execution, False)
+    child = ChildRunner(config)
+    child.launch(gated=True)
     time.sleep(3)  # long enough for an ungated process to have failed on the missing model
     assert child.connection is not None and not child.connection.poll(0)  # it waits, having sent nothing
     exported.rename(model)
@@ -64,12 +65,10 @@ def test_a_trial_process_started_with_the_run_reads_the_model_only_once_the_run_
 
 
 def test_a_trial_process_whose_backend_fails_before_the_go_ahead_stops_the_run_with_its_line(tmp_path):
-    from autotune.harness import Evaluator
-
     config = tiny_config(tmp_path)
     config = config.model_copy(update={"backend": config.backend.model_copy(update={"name": "torch"})})
-    child = Evaluator.start_early(config)  # the torch backend needs model.torch: it fails while loading
-    assert child is not None
+    child = ChildRunner(config)  # the torch backend needs model.torch: it fails while loading
+    child.launch(gated=True)
     child._process.join(120)  # it has answered, and ended
     child.release()  # the run's go-ahead to a process that has ended is no error of its own
     with pytest.raises(SetupError, match="model.torch"):

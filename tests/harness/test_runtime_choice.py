@@ -6,8 +6,10 @@ import importlib.util
 
 import pytest
 
+from autotune import api
+from autotune.api import choose_runtime, seed_timings, with_backend
 from autotune.harness import runtime_choice
-from autotune.harness.runtime_choice import TIE_MARGIN, choose_runtime, decide, time_seeds, with_backend
+from autotune.harness.runtime_choice import TIE_MARGIN, decide
 from autotune.testing import tiny_config
 from autotune.tune import tune
 
@@ -86,7 +88,7 @@ def test_openvino_that_cannot_build_the_seeds_leaves_onnx_runtime_with_the_reaso
 def test_the_seeds_of_both_runtimes_are_timed_against_onnx_runtime_fp32(tmp_path):
     pytest.importorskip("openvino")
     config = tiny_config(tmp_path, backend={"name": "auto"})
-    speedups, skipped = time_seeds(config, ["onnxruntime", "openvino"])
+    speedups, skipped = seed_timings(config, ["onnxruntime", "openvino"])
     assert skipped == {}
     assert set(speedups) == {"onnxruntime", "openvino"}
     assert all({"fp32", "int8"} <= set(seeds) for seeds in speedups.values())  # all-BF16 too on a BF16 CPU
@@ -98,7 +100,7 @@ def test_a_run_with_auto_records_the_choice_and_runs_on_the_chosen_runtime(tmp_p
     def measure(config, runtimes):
         return {"onnxruntime": {"fp32": 1.0, "int8": 1.1}, "openvino": {"fp32": 1.0, "int8": 1.4}}, {}
 
-    monkeypatch.setattr(runtime_choice, "time_seeds", measure)
+    monkeypatch.setattr(api, "seed_timings", lambda config, runtimes, splits=None: measure(config, runtimes))
     pytest.importorskip("openvino")
     references = ["ov-default", "ort-static", "ort-dynamic"]  # not NNCF's: its accuracy control takes a while
     config = tiny_config(
@@ -128,7 +130,7 @@ def test_a_model_onnx_runtime_cannot_set_up_stops_the_choice_with_the_runs_own_e
     config = tiny_config(tmp_path, backend={"name": "auto"})
     broken = config.model_copy(update={"model": config.model.model_copy(update={"onnx": tmp_path / "absent.onnx"})})
     with pytest.raises(SetupError, match="absent.onnx"):
-        time_seeds(broken, ["onnxruntime", "openvino"])
+        seed_timings(broken, ["onnxruntime", "openvino"])
 
 
 def test_a_dumped_cpu_config_switched_to_another_backend_still_validates(tmp_path):

@@ -81,7 +81,7 @@ def test_a_true_search_check_is_stored_once_and_sets_the_reward_s_tie_noise(tmp_
         assert evaluator.calls == [("measure", None)]
         assert stored_checks(store)["search"]["ratio"] == pytest.approx(check.ratio)
     assert confirmation_rounds(config.confirm, check) == MIN_CONFIRM_ROUNDS  # a quiet machine: the fewest rounds
-    assert with_measured_noise(config, check).reward.tie_within == pytest.approx(0.01)
+    assert with_measured_noise(config.reward, check).tie_within == pytest.approx(0.01)
     assert capsys.readouterr().err == ""
 
 
@@ -98,7 +98,7 @@ def test_a_search_check_outside_the_band_says_so_in_one_line_and_widens_the_conf
 def test_a_tie_noise_the_user_set_is_kept(tmp_path):
     config = tiny_config(tmp_path, reward={"tie_within": 0.0})
     check = check_search_timing(ScriptedEvaluator(config, [[0.9, 1.1]]), TrialStore(tmp_path / "t.sqlite"), FP32)
-    assert with_measured_noise(config, check).reward.tie_within == 0.0
+    assert with_measured_noise(config.reward, check).tie_within == 0.0
 
 
 def test_no_check_when_the_config_turns_it_off(tmp_path):

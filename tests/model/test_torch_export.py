@@ -36,7 +36,7 @@ def test_two_exports_of_the_same_cached_model_at_once_both_succeed(tmp_path, mon
 
 # ---- exports traced at two rows (the torch backend's) ----------------------------------------------------------
 
-HERE = "tests.test_torch_export"
+HERE = "tests.model.test_torch_export"
 
 
 def batch_baking_mlp(how: str = "reshape"):

@@ -6,10 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config.schema import ConfigError
+from autotune.config.schema import ConfigError, TuneConfig, dump_config
 from autotune.run.directory import RunDir
 from autotune.run.store import TrialStore
 from autotune.testing import tiny_config, write_tiny_project
+
+
+def _create(config: TuneConfig) -> RunDir:
+    """The run directory ``tune`` creates for ``config``."""
+    return RunDir.create(config.run_dir, dump_config(config.with_absolute_paths()))
 
 
 def test_a_run_directory_names_every_file_a_run_keeps():
@@ -27,7 +32,7 @@ def test_a_created_run_reopens_from_another_directory_with_its_folders_pinned(tm
     monkeypatch.chdir(tmp_path)
     config = tiny_config(tmp_path, name="pinned", runs_dir="runs", cache_dir="cache")
     assert not config.runs_dir.is_absolute()
-    run = RunDir.create(config)
+    run = _create(config)
     assert run.root == Path("runs/pinned") and run.config.is_file()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -40,11 +45,11 @@ def test_a_created_run_reopens_from_another_directory_with_its_folders_pinned(tm
 
 def test_a_run_with_trials_is_not_created_again(tmp_path):
     config = tiny_config(tmp_path)
-    run = RunDir.create(config)
-    RunDir.create(config)  # no trials yet: an interrupted start may start again
+    run = _create(config)
+    _create(config)  # no trials yet: an interrupted start may start again
     TrialStore(run.store).close()
     with pytest.raises(ConfigError, match=r"already holds a run: continue it with `autotune resume .*tiny`"):
-        RunDir.create(config)
+        _create(config)
 
 
 def test_a_directory_that_cannot_be_written_or_holds_no_run_is_one_clear_error(tmp_path):
@@ -52,6 +57,6 @@ def test_a_directory_that_cannot_be_written_or_holds_no_run_is_one_clear_error(t
     config.runs_dir.mkdir(parents=True)
     config.run_dir.write_text("a file where the run directory goes")
     with pytest.raises(ConfigError, match="cannot write the run directory"):
-        RunDir.create(config)
+        _create(config)
     with pytest.raises(ConfigError, match=r"is not a run directory \(no config.yaml\)"):
         RunDir.open(tmp_path)

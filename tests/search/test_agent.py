@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autotune.config.views import SearchSettings
 from autotune.search.agent import LATEST, AgentPaths, TrialModels, imitate, train
 from autotune.search.design import model_best_plan, probe_plans
 from autotune.search.driver import Driver, OneByOne
@@ -43,7 +44,13 @@ def test_the_agent_builds_the_probes_first_and_stays_within_the_budget(tmp_path,
         ppo={"episodes_per_update": 2, "imagined_episodes": 0},
         planner={"probe_plans": probes},
     )
-    train(config, space, _driver(config, real, lambda: len(built)), _paths(tmp_path), make_env=EngineBuildEnv)
+    train(
+        SearchSettings.of(config),
+        space,
+        _driver(config, real, lambda: len(built)),
+        _paths(tmp_path),
+        make_env=EngineBuildEnv,
+    )
     expected = probe_plans(space, max_plans=18 // 3)
     assert len(expected) == 6  # 4 layers: an 8-run design, capped at a third of the budget
     assert (built[: len(expected)] == expected) is probes
@@ -67,7 +74,7 @@ def test_ctrl_c_during_the_first_rehearsal_still_saves_the_agent(tmp_path):
     config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 2, "imagined_episodes": 4})
     with pytest.raises(KeyboardInterrupt):
         train(
-            config,
+            SearchSettings.of(config),
             space,
             _driver(config, real, lambda: len(built)),
             _paths(tmp_path),
@@ -90,7 +97,7 @@ def test_ctrl_c_during_the_probes_still_saves_the_agent(tmp_path):
     config = tiny_config(tmp_path, budget={"builds": 24}, ppo={"episodes_per_update": 2})
     with pytest.raises(KeyboardInterrupt):
         train(
-            config,
+            SearchSettings.of(config),
             space,
             _driver(config, interrupted_at_the_third_probe, lambda: len(built)),
             _paths(tmp_path),
@@ -126,7 +133,7 @@ def _planning_run(tmp_path, builds: int, headroom: float = 0.0, **planner):
     )
     model = _FixedModel()
     train(
-        config,
+        SearchSettings.of(config),
         space,
         _driver(config, real, lambda: len(built)),
         _paths(tmp_path),
@@ -204,7 +211,7 @@ def test_a_fresh_agent_imitates_the_models_best_plan_once_before_its_first_rehea
     real, built = _recording_evaluator(space)  # resumed: the policy is a trained one, imitation would undo it
     resumed = config.model_copy(update={"budget": config.budget.model_copy(update={"builds": 4})})
     train(
-        resumed,
+        SearchSettings.of(resumed),
         space,
         _driver(resumed, real, lambda: len(built)),
         _paths(tmp_path, resume=True),
@@ -243,7 +250,7 @@ def test_with_priors_the_models_plan_comes_first_and_the_probes_vary_only_open_l
     defaults = {knob.name: knob.default for knob in space.knobs}
     fitted = RefittedEstimates(lambda: results, names, defaults, prior_inputs=inputs)
     train(
-        config,
+        SearchSettings.of(config),
         space,
         _driver(config, real, lambda: len(built)),
         _paths(tmp_path),
@@ -368,7 +375,7 @@ def _train_on_a_store(tmp_path, budget: dict, ppo: dict) -> tuple[dict, int]:
     config = tiny_config(tmp_path, budget=budget, ppo=ppo, planner={"probe_plans": False, "build_model_plan": True})
     model = _FixedModel()
     train(
-        config,
+        SearchSettings.of(config),
         space,
         _driver(config, stored, lambda: len(measured)),
         _paths(tmp_path),

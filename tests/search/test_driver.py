@@ -144,3 +144,24 @@ def test_the_seeded_knob_is_timed_on_the_fastest_int8_seed_with_each_other_value
     assert results == []
     assert built == [space.uniform("int8", {"int8_scheme": "u8s7"}), space.uniform("int8", {"int8_scheme": "u8s8"})]
     assert time_seeded_knobs(space, seeds[1:], lambda plans: built.extend(plans) or []) == []  # no INT8 seed
+
+
+def test_the_callbacks_are_told_of_each_result_as_it_lands_and_in_their_order():
+    space = tiny_space()
+    harness, measured = _one_by_one(space)
+    names = space.layer_names
+    plans = [space.plan({names[i]: "int8"}) for i in range(2)]
+    told: list[tuple[str, str, int]] = []
+
+    class Watcher:
+        def __init__(self, name):
+            self.name = name
+
+        def on_result(self, result, driver):
+            told.append((self.name, result.plan_hash, len(measured)))  # before the next plan is built
+
+    driver = Driver(harness, budget=10, stall=5, callbacks=[Watcher("monitor"), Watcher("books")])
+    results = driver.build([*plans, plans[0]])
+    hashes = [plan.hash for plan in plans]
+    assert told == [(name, h, i + 1) for i, h in enumerate(hashes) for name in ("monitor", "books")]
+    assert [r.plan_hash for r in results] == hashes

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from autotune.config.views import SearchSettings
 from autotune.plan import INT8_SCHEME_KNOB, Plan
 from autotune.run.trial import TrialResult
 from autotune.search.episode import decisions, observe
@@ -103,6 +104,7 @@ def test_surrogate_falls_back_to_the_pooled_drop_for_a_rare_setting():
 def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
     from autotune.search.agent import AgentPaths, TrialModels, train
     from autotune.search.driver import Driver, OneByOne
+    from envs.engine_build import EngineBuildEnv
 
     def _driver(config, evaluate, builds):
         return Driver.for_budget(OneByOne(evaluate, builds), config.budget)
@@ -126,7 +128,14 @@ def test_ppo_rehearses_on_the_surrogate_without_spending_builds(tmp_path):
         return fits[-1]
 
     paths = AgentPaths(tmp_path / "tb", tmp_path / "ckpt")
-    model = train(config, space, _driver(config, real, lambda: len(seen)), paths, TrialModels(surrogate=surrogate))
+    model = train(
+        SearchSettings.of(config),
+        space,
+        _driver(config, real, lambda: len(seen)),
+        paths,
+        TrialModels(surrogate=surrogate),
+        make_env=EngineBuildEnv,
+    )
     episode_length = len(decisions(space))
     assert len(seen) == 24  # real builds: exactly the budget
     assert any(fit is not None for fit in fits)

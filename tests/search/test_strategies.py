@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from autotune.config.schema import ConfigError
+from autotune.config.views import SearchSettings
 from autotune.run.store import TrialStore
 from autotune.search import strategies
 from autotune.search.driver import Driver
@@ -62,7 +63,7 @@ def _run(tmp_path, space, harness, name, builds=12, seed=0, accuracy_budget=0.01
     harness.calls = []
     harness.workers = workers
     driver = Driver.for_budget(harness, config.budget)
-    driver.run(STRATEGIES[name].make(space, SearchInputs(config, workers)), ahead)
+    driver.run(STRATEGIES[name].make(space, SearchInputs(SearchSettings.of(config), workers)), ahead)
     return driver
 
 
