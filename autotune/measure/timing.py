@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypedDict, Unpack
+from typing import NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
@@ -103,6 +103,15 @@ FEWEST_QUIET_ROUNDS = 3
 """At its round limit, a measurement whose every plan has this many quiet rounds (fewer than ``Protocol.rounds``)
 counts them rather than timing each plan by its fastest runs: on a VM whose pace drifts by tens of per cent over
 seconds, a confirmation of ten plans found no 16 quiet rounds each in 64 (docs/measurement.md#quiet-rounds)."""
+
+FLOOR_POOL = 2
+"""A measurement on a machine nothing else used (every round clear of other work) whose pace scatters too much for
+``Protocol.rounds`` rounds to sit within the quiet band times each runner by its fastest rounds (``_from_floors``)
+once it has this many times ``Protocol.rounds`` clear rounds (or its limit): an idle 2-core VM ran one engine's
+200 ms runs back to back at 1.16-1.25x their fastest in the median, consecutive runs 0.89-1.20x each other, with
+nothing else on it, and no band short of that scatter counts its rounds (docs/measurement.md#quiet-rounds). Its
+floors are the fastest half of its clear rounds: interference only adds time, and every runner ran in every round,
+so each runner's fastest rounds fall in the machine's fast moments alike."""
 
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
@@ -290,41 +299,48 @@ def _rounds(
         clear, medians = _clear(readings, protocol, shares.shared, cores), np.array(round_medians)
         patience_s = max(patience_s, _patience_s(protocol, clear, pace, medians))  # a spell that ended leaves it
         counted = _counted(medians, clear, protocol, pace, limit)
-        own = shares.settled(now, len(readings)) if counted is not None and counted[1] else True
+        own = shares.settled(now, len(readings)) if counted is not None and counted.quiet else True
         if not own:  # enough rounds, but in a span the others shared (time them again, up to the limit) or unread
-            counted = None if own is None or len(readings) < limit else (_none(medians), False)
+            counted = None if own is None or len(readings) < limit else _Counted(_none(medians), False)
         out_of_time = protocol.stop_at is not None and time.time() >= protocol.stop_at
         if counted is None and out_of_time:
             counted = _quiet_so_far(medians, clear, protocol, pace)
         if counted is None and limit > protocol.round_limit and waited_out_s >= patience_s:
-            counted = (_none(medians), False)  # the patience ran out in the rounds after a back-off: stop there
+            counted = _Counted(_none(medians), False)  # the patience ran out in the rounds after a back-off: stop there
         if counted is None:
             continue
-        if counted[1] or out_of_time or waited_out_s >= patience_s:
+        if counted.quiet or out_of_time or waited_out_s >= patience_s:
             break  # quiet; out of time or patience (none: no process or spell to wait out; a noisy pace is no reason)
         waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
         shares.restart(last, len(readings), unread_shared=True)
-    rows, quiet = counted
     clear = _clear(readings, protocol, shares.shared, cores)
     busy = _busy(sampler, sampler.reading(first, last), counted, clear, protocol, pace, np.array(round_medians))
-    return _paired(blocks, rows, busy) if quiet else _from_floors(blocks, protocol.rounds, busy)
+    if not counted.quiet:
+        return _from_floors(blocks, protocol.rounds, busy)
+    if counted.floors:  # an idle machine whose pace scattered: the fastest half of its clear rounds
+        pool = counted.rows[0]
+        return _from_floors([[runner[i] for i in pool] for runner in blocks], busy.counted, busy)
+    return _paired(blocks, counted.rows, busy)
 
 
 def _busy(
     sampler: Sampler,
     whole: Reading | None,
-    counted: tuple[list[list[int]], bool],
+    counted: _Counted,
     clear: list[bool],
     protocol: Protocol,
     pace: ReferencePace,
     medians: np.ndarray,
 ) -> Busy:
     """What the machine's other work did to a measurement that ended with ``counted`` rounds."""
-    rows, quiet = counted
+    rows, quiet = counted.rows, counted.quiet
     others, waited = (None, None) if whole is None else (whole.others, whole.waited)
-    counts = (len(clear), min(map(len, rows)) if quiet else protocol.rounds, sum(not ok for ok in clear))
+    counted_rounds = (
+        _floor_count(len(rows[0]), protocol) if counted.floors else min(map(len, rows)) if quiet else protocol.rounds
+    )
+    counts = (len(clear), counted_rounds, sum(not ok for ok in clear))
     spell = spell_fastest_ms(medians, clear, protocol.quiet_band, pace)
     slower_by = None if quiet or spell is None else pace.slower_by(spell)
     return Busy(*counts, others, waited, describe_cpus(sampler.cpus), quiet, slower_by)
@@ -435,6 +451,26 @@ def _contended(reading: Reading | None, protocol: Protocol, cores: int) -> bool:
     )
 
 
+class _Counted(NamedTuple):
+    """Which rounds count for each candidate, and how.
+
+    Attributes:
+        rows: Per candidate, the rounds that count (the same for all where ``floors``).
+        quiet: Enough rounds counted; False: each runner is timed by its fastest runs over every round.
+        floors: The rows are an idle machine's clear rounds, and each runner is timed by its fastest of them
+            (``FLOOR_POOL``) rather than round by round.
+    """
+
+    rows: list[list[int]]
+    quiet: bool
+    floors: bool = False
+
+
+def _floor_count(clear_rounds: int, protocol: Protocol) -> int:
+    """How many of its fastest clear rounds time each runner: the fastest half, at most ``Protocol.rounds``."""
+    return max(1, min(protocol.rounds, clear_rounds // 2))
+
+
 def _none(medians: np.ndarray) -> list[list[int]]:
     """No round, for each candidate."""
     return [[] for _ in range(medians.shape[0] - 1)]
@@ -442,7 +478,7 @@ def _none(medians: np.ndarray) -> list[list[int]]:
 
 def _counted(
     medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace, limit: int
-) -> tuple[list[list[int]], bool] | None:
+) -> _Counted | None:
     """Each candidate's counted rounds once the measurement may stop, and whether they were quiet; None until then.
 
     Args:
@@ -453,31 +489,54 @@ def _counted(
         limit: The rounds after which it stops, quiet or not (``Protocol.round_limit``, more after a back-off).
 
     It stops once every candidate has ``protocol.rounds`` quiet rounds (``quiet_rows``) and the process has
-    settled. At ``limit`` (settled) it counts the quiet rounds it has where every candidate has
-    ``FEWEST_QUIET_ROUNDS``; with fewer, it returns no rounds and not quiet: the caller backs off and times on, or
-    times each runner by its fastest runs (``_from_floors``).
+    settled, or, where the machine was idle but its pace scattered, once it has ``FLOOR_POOL`` times as many clear
+    rounds (``_floor_rounds``: each runner by its fastest of them). At ``limit`` (settled) it counts the quiet
+    rounds it has where every candidate has ``FEWEST_QUIET_ROUNDS``; with fewer, it returns no rounds and not
+    quiet: the caller backs off and times on, or times each runner by its fastest runs (``_from_floors``).
     """
     timed = medians.shape[1]
     if timed < protocol.rounds or not pace.settled(protocol.settle_s):
         return None
     rows = _quiet(medians, clear, protocol, pace)
     if min(map(len, rows)) >= protocol.rounds:
-        return shared_rows(rows, protocol.rounds), True
+        return _Counted(shared_rows(rows, protocol.rounds), True)
+    floors = _floor_rounds(medians, clear, protocol, pace, limit)
+    if floors is not None:
+        return _Counted([floors] * len(rows), True, floors=True)
     if timed < limit:
         return None
     if min(map(len, rows)) >= min(protocol.rounds, FEWEST_QUIET_ROUNDS):  # fewer than asked, but quiet ones
-        return shared_rows(rows, min(map(len, rows))), True
-    return _none(medians), False
+        return _Counted(shared_rows(rows, min(map(len, rows))), True)
+    return _Counted(_none(medians), False)
 
 
-def _quiet_so_far(
-    medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace
-) -> tuple[list[list[int]], bool]:
+def _floor_rounds(
+    medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace, limit: int
+) -> list[int] | None:
+    """The clear rounds whose floors time the runners, where the machine was idle but its pace scattered; else None.
+
+    ``FLOOR_POOL`` times ``Protocol.rounds`` clear rounds (or ``limit``, if fewer), none in a slow spell of the
+    machine (``spell_fastest_ms``: a spell slows INT8 more than FP32, and waiting it out is the remedy), and no
+    back-off yet (``limit`` above ``Protocol.round_limit``): the rounds before a back-off lay in a spell or beside
+    another process, and a pool with them would take a spell's rounds for floors where the spell ended a round ago.
+    Without a pace band (``Protocol.quiet_band`` None) every clear round already counts: nothing to do.
+    """
+    rounds = [i for i, ok in enumerate(clear) if ok]
+    if protocol.quiet_band is None or limit > protocol.round_limit:
+        return None
+    if len(rounds) < min(FLOOR_POOL * protocol.rounds, limit):
+        return None
+    if spell_fastest_ms(medians, clear, protocol.quiet_band, pace) is not None:
+        return None
+    return rounds
+
+
+def _quiet_so_far(medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace) -> _Counted:
     """Where time ran out (``Protocol.stop_at``): the quiet rounds so far, or none (each runner's fastest runs)."""
     rows = _quiet(medians, clear, protocol, pace)
     if all(rows):
-        return shared_rows(rows, protocol.rounds), True
-    return _none(medians), False
+        return _Counted(shared_rows(rows, protocol.rounds), True)
+    return _Counted(_none(medians), False)
 
 
 def _quiet(medians: np.ndarray, clear: Sequence[bool], protocol: Protocol, pace: ReferencePace) -> list[list[int]]:
