@@ -346,6 +346,11 @@ class MeasureConfig(_Strict):
     timed it at on this machine while no other process got in the way: a slow spell of the machine itself (a VM's
     host slowed FP32, and all-INT8 more, for seconds at a time). After it, each plan is timed by its fastest
     runs and the measurement says the machine ran slow."""
+    turn_s: float = Field(0.6, ge=0)
+    """Seconds a plan's turn in a round (its warm-up and timed runs) lasts at most, as near as whole runs allow: a
+    plan whose runs take longer gets one warm-up run and fewer timed runs, at least two. A 200 ms model's turn of
+    2 warm-up and 10 timed runs (``confirm.repeats``) took 2.4 s, a confirmation round of eight plans 19 s; the
+    speedup is read from the rounds, not from the runs within one. 0: ``warmup`` and ``repeats`` as set."""
 
 
 class BudgetConfig(_Strict):

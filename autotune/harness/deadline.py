@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from autotune.measure.timing import turn_ms
 from autotune.run.trial import TrialResult
 
 MIN_CONFIRM_ROUNDS = 3
@@ -71,6 +72,7 @@ class TrialCosts:
         patience_s: Seconds a measurement may wait out a busy machine past its limit (``measure.busy_patience_s``).
         trial_s: Seconds of the median trial, end to end (the last build of a search runs to its end, and the
             agent's work after it is paced to about as long: ``ppo.compute_share``).
+        turn_s: The trials' ``measure.turn_s``: a slow plan's turn in a round is cut to it (``turn_ms``).
         overhead: A timed run's wall time over its measured latency, at least 1 (the trials' timing seconds over
             their runs' latencies, the upper quartile): where the pace moves, the runs a measurement times are slower
             than the latency it reports (a detector's confirmation took 1.4 times its latencies' worth).
@@ -83,6 +85,7 @@ class TrialCosts:
     patience_s: float = 0.0
     overhead: float = 1.0
     trial_s: float = 0.0
+    turn_s: float = 0.0
 
     @classmethod
     def of(
@@ -102,7 +105,9 @@ class TrialCosts:
         for trial in timed:
             runs = trial.protocol.get("warmup", 0) + trial.protocol.get("repeats", 1)
             rounds = (trial.busy or {}).get("rounds") or trial.protocol.get("rounds", 1)
-            timing_s = rounds * runs * (trial.latency_ms + trial.reference_latency_ms) / 1e3
+            turn_s = trial.protocol.get("turn_s", 0.0)
+            turns_ms = turn_ms(runs, trial.latency_ms, turn_s) + turn_ms(runs, trial.reference_latency_ms, turn_s)
+            timing_s = rounds * turns_ms / 1e3
             # A trial that says how long it built and scored (build_s, score_s) gives its timing's real cost too.
             scored_s = trial.build_s + trial.score_s if trial.build_s and trial.score_s else None
             prepare.append(max(0.0, trial.total_s - timing_s) if scored_s is None else scored_s)
@@ -117,6 +122,7 @@ class TrialCosts:
             patience_s,
             float(np.percentile(overhead, 75)) if overhead else 1.0,
             statistics.median(t.total_s for t in timed),
+            timed[-1].protocol.get("turn_s", 0.0),
         )
 
     def confirmation_s(self, plans: int, rounds: int, runs_per_round: int) -> float:
@@ -127,7 +133,8 @@ class TrialCosts:
         the patience on top. One-liners are costed as a plan of the search: their speed is unknown until they are
         timed.
         """
-        per_round_s = runs_per_round * (plans * self.run_ms + 2 * self.reference_ms) / 1e3
+        turns_ms = plans * turn_ms(runs_per_round, self.run_ms, self.turn_s)
+        per_round_s = (turns_ms + 2 * turn_ms(runs_per_round, self.reference_ms, self.turn_s)) / 1e3
         timing_s = rounds * self.rounds_inflation * per_round_s * self.overhead + self.patience_s
         return (plans + 1 + EXPORT_SHARE) * self.prepare_s + timing_s
 

@@ -74,6 +74,9 @@ class Protocol:
             within ``quiet_band`` of the pace earlier processes timed it at on this machine (``ReferencePace``) and
             saw no other process: a slow spell of the machine itself, which may end though nothing here can be
             waited out.
+        turn_s: Seconds a runner's turn in a round (its warm-up and timed samples) lasts at most, as near as whole
+            samples allow: a runner whose samples take longer gets one warm-up and fewer timed samples (at least
+            ``MIN_REPEATS``), sized from its fastest sample so far. 0: the counts as set.
     """
 
     warmup: int = 2
@@ -88,6 +91,7 @@ class Protocol:
     busy_others: float | None = None
     stop_at: float | None = None
     spell_patience_s: float = 15.0
+    turn_s: float = 0.0
 
     def to_dict(self) -> dict[str, int | float | None]:
         """A JSON-ready dict."""
@@ -98,6 +102,10 @@ class Protocol:
         """The rounds after which a settled measurement stops, quiet or not."""
         return max(self.rounds, self.max_rounds if self.max_rounds is not None else 4 * self.rounds)
 
+
+MIN_REPEATS = 2
+"""The fewest timed samples a runner's turn takes however slow the runner (``Protocol.turn_s``): the median of two
+is their mean, and a turn of one sample is its warm-up's mercy."""
 
 FEWEST_QUIET_ROUNDS = 3
 """At its round limit, a measurement whose every plan has this many quiet rounds (fewer than ``Protocol.rounds``)
@@ -158,25 +166,68 @@ def _stats(samples: list[float]) -> tuple[float, float]:
     return float(median), float(q3 - q1)
 
 
+@dataclass
+class _Turn:
+    """What one runner's turns in a measurement's rounds have learned of it.
+
+    Attributes:
+        runs_per_sample: Runs back to back per sample (``Protocol.min_sample_ms``); None until its first turn.
+        fastest_ms: Its fastest sample so far, per run: how long its turn takes (``Protocol.turn_s``).
+    """
+
+    runs_per_sample: int | None = None
+    fastest_ms: float = math.inf
+
+
+def _turn_counts(protocol: Protocol, sample_ms: float) -> tuple[int, int]:
+    """Warm-up samples and timed samples of a turn whose samples take ``sample_ms``, within ``Protocol.turn_s``.
+
+    The protocol's counts where they fit; else one warm-up and as many timed samples as fit, at least ``MIN_REPEATS``
+    (never more than the protocol's).
+    """
+    counts = protocol.warmup, protocol.repeats
+    if protocol.turn_s <= 0 or not math.isfinite(sample_ms) or sample_ms * sum(counts) <= protocol.turn_s * 1e3:
+        return counts
+    fit = int(protocol.turn_s * 1e3 / max(sample_ms, 1e-9)) - 1
+    return min(protocol.warmup, 1), min(protocol.repeats, max(MIN_REPEATS, fit))
+
+
+def turn_ms(runs: int, run_ms: float, turn_s: float) -> float:
+    """Milliseconds of a turn of ``runs`` runs (warm-up and timed) of ``run_ms`` each, cut as ``_turn_counts`` cuts it.
+
+    At most ``turn_s``, or one warm-up and ``MIN_REPEATS`` runs where one run is longer: the costs a time limit
+    plans with (``autotune.harness.deadline``).
+    """
+    whole = runs * run_ms
+    if turn_s <= 0 or whole <= turn_s * 1e3:
+        return whole
+    return min(whole, max(turn_s * 1e3, (1 + MIN_REPEATS) * run_ms))
+
+
 def _timed(
-    run: Callable[[], object], protocol: Protocol, clock: Callable[[], float], self_timed: bool, runs: list[int]
+    run: Callable[[], object], protocol: Protocol, clock: Callable[[], float], self_timed: bool, turn: _Turn
 ) -> list[float]:
-    """The warm-up, then ``repeats`` samples of ``runs[0]`` runs each.
+    """The warm-up, then ``repeats`` samples of ``turn.runs_per_sample`` runs each.
 
     With ``min_sample_ms`` the warm-up is whole samples too (a small model's first runs after another's are cold
     for more than one run), and the runs per sample grow from the fastest run seen: the first warm-up sizes them,
-    every round's samples may add to them.
+    every round's samples may add to them. With ``turn_s`` a slow runner's turn is shortened from its fastest
+    sample so far (``_turn_counts``).
     """
+    warmup, repeats = _turn_counts(protocol, turn.fastest_ms * (turn.runs_per_sample or 1))
     if protocol.min_sample_ms <= 0:
-        for _ in range(protocol.warmup):
+        for _ in range(warmup):
             run()
-        return [_elapsed_ms(run, 1, clock, self_timed) for _ in range(protocol.repeats)]
-    count = runs[0] if runs else 1
-    warm = [_elapsed_ms(run, count, clock, self_timed) for _ in range(max(1, protocol.warmup))]
-    if not runs:
-        runs.append(_runs_per_sample(min(warm), protocol.min_sample_ms))
-    samples = [_elapsed_ms(run, runs[0], clock, self_timed) for _ in range(protocol.repeats)]
-    runs[0] = max(runs[0], _runs_per_sample(min(samples), protocol.min_sample_ms))
+        samples = [_elapsed_ms(run, 1, clock, self_timed) for _ in range(repeats)]
+        turn.fastest_ms = min(turn.fastest_ms, *samples)
+        return samples
+    count = turn.runs_per_sample or 1
+    warm = [_elapsed_ms(run, count, clock, self_timed) for _ in range(max(1, warmup))]
+    if turn.runs_per_sample is None:
+        turn.runs_per_sample = _runs_per_sample(min(warm), protocol.min_sample_ms)
+    samples = [_elapsed_ms(run, turn.runs_per_sample, clock, self_timed) for _ in range(repeats)]
+    turn.fastest_ms = min(turn.fastest_ms, *warm, *samples)
+    turn.runs_per_sample = max(turn.runs_per_sample, _runs_per_sample(min(samples), protocol.min_sample_ms))
     return samples
 
 
@@ -279,7 +330,7 @@ def _rounds(
     pace, sampler = pace if pace is not None else ReferencePace(), sampler if sampler is not None else Sampler()
     pace.begin()
     blocks: list[list[list[float]]] = [[] for _ in runners]  # per runner, per round: the timed samples
-    runs_per_sample: list[list[int]] = [[] for _ in runners]  # per runner, set at its first round
+    turns = [_Turn() for _ in runners]  # per runner: its runs per sample and its pace, from its first turn on
     round_medians: list[list[float]] = [[] for _ in runners]
     readings: list[Reading | None] = []  # per round: what the other processes did meanwhile
     first = last = sampler.snapshot()
@@ -288,7 +339,7 @@ def _rounds(
     while True:
         started = pace.clock()
         for runner in order(len(readings)):
-            blocks[runner].append(_timed(runners[runner], protocol, clock, self_timed, runs_per_sample[runner]))
+            blocks[runner].append(_timed(runners[runner], protocol, clock, self_timed, turns[runner]))
             round_medians[runner].append(float(np.median(blocks[runner][-1])))
         now = sampler.snapshot()
         readings.append(sampler.reading(last, now))

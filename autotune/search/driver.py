@@ -183,18 +183,26 @@ class Driver:
 
         Returns the results in the order they completed (store hits first); a plan past the budget has none. A plan
         given twice counts as a store hit the second time, as it would one at a time. Each result is handed to the
-        callbacks as it lands, while the other builds still run.
+        callbacks as it lands, while the other builds still run. Once the time limit has passed (a callback may
+        move it: the confirmation's time), the batch's other plans are not built: a batch of probes started with
+        time for one of them ran a 10-minute run's confirmation down to FP32 alone.
         """
         if not plans or self.left == 0:
             return []
         started = self.clock()
         results: list[TrialResult] = []
+        landing = iter(self.harness.evaluate_many(plans, self.left))
         try:
-            for result in self.harness.evaluate_many(plans, self.left):
+            for result in landing:
                 for callback in self.callbacks:
                     callback.on_result(result, self)
                 results.append(result)
+                if self.out_of_time:
+                    break
         finally:
+            close = getattr(landing, "close", None)
+            if close is not None:  # the builds not read yet are abandoned (Evaluator.evaluate_many)
+                close()
             self.build_s += self.clock() - started
         evaluated = {result.plan_hash for result in results}
         self.stalled += sum(plan.hash in evaluated for plan in plans) - len(evaluated)  # the repeats, yielded once

@@ -64,6 +64,15 @@ def test_a_confirmation_costs_a_build_per_plan_and_every_plan_in_every_round():
     assert slower.confirmation_s(3, 8, 12) == pytest.approx((3 + 1 + 0.6) * 2.0 + 1.5 * 8 * 12 * 70.0 / 1e3)
 
 
+def test_a_slow_models_confirmation_is_costed_at_its_cut_turns():
+    # 200 ms a run: 12 runs a turn would take 2.4 s, the 0.6 s turn takes 3 (1 warm-up, 2 timed); a 1 ms model's
+    # whole turn fits.
+    slow = TrialCosts(prepare_s=2.0, run_ms=200.0, reference_ms=200.0, rounds_inflation=1.0, turn_s=0.6)
+    assert slow.confirmation_s(3, 8, 12) == pytest.approx((3 + 1 + 0.6) * 2.0 + 8 * 5 * 0.6)
+    fast = TrialCosts(prepare_s=2.0, run_ms=1.0, reference_ms=1.0, rounds_inflation=1.0, turn_s=0.6)
+    assert fast.confirmation_s(3, 8, 12) == pytest.approx((3 + 1 + 0.6) * 2.0 + 8 * 5 * 12 * 1.0 / 1e3)
+
+
 def test_a_trial_that_times_slower_than_its_latencies_makes_the_confirmation_cost_more():
     # 4 rounds x 7 runs x 30 ms = 0.84 s of latency; the trial built in 1 s, scored in 2 s and timed for 1.26 s
     trial = TrialResult(**{**_trial(4.26, 10.0, 20.0).__dict__, "build_s": 1.0, "score_s": 2.0})

@@ -120,7 +120,7 @@ def test_speedup_property():
 
 def test_protocol_to_dict_and_defaults():
     defaults = {"quiet_band": 0.05, "settle_s": 5.0, "max_rounds": None, "busy_wait": 0.1, "busy_patience_s": 5.0}
-    defaults.update(min_sample_ms=0.0, busy_others=None, stop_at=None, spell_patience_s=15.0)
+    defaults.update(min_sample_ms=0.0, busy_others=None, stop_at=None, spell_patience_s=15.0, turn_s=0.0)
     assert Protocol().to_dict() == {"warmup": 2, "repeats": 5, "rounds": 4, **defaults}
     assert Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeats": 2, "rounds": 3, **defaults}
 
@@ -819,3 +819,25 @@ def test_an_idle_machine_whose_runs_scatter_a_fifth_above_their_fastest_is_timed
     latency = interleaved(candidate, reference, protocol, self_timed=True)
     assert latency.busy.quiet and not latency.busy.shared and latency.busy.rounds == 12
     assert latency.speedup == pytest.approx(ratio, rel=0.02)
+
+
+def test_a_slow_runners_turn_is_cut_to_one_warm_up_and_the_samples_that_fit_its_turn_seconds():
+    calls = {"slow": 0, "fast": 0}
+
+    def runner(name: str, ms: float) -> Callable[[], float]:
+        def run() -> float:
+            calls[name] += 1
+            return ms
+
+        return run
+
+    protocol = Protocol(warmup=2, repeats=10, rounds=3, settle_s=0.0, turn_s=0.6, **UNWAITED)
+    latency = interleaved(runner("slow", 200.0), runner("fast", 2.0), protocol, self_timed=True)
+    # The first turn takes the counts as set (nothing timed yet), each later one 1 warm-up + 2 samples of 200 ms;
+    # the 2 ms reference's 12 runs fit its 0.6 s.
+    assert calls["slow"] == 12 + 2 * 3 and calls["fast"] == 3 * 12
+    assert latency.speedup == pytest.approx(0.01)
+    uncut = Protocol(**{**protocol.to_dict(), "turn_s": 0.0})
+    calls.update(slow=0, fast=0)
+    interleaved(runner("slow", 200.0), runner("fast", 2.0), uncut, self_timed=True)
+    assert calls["slow"] == 3 * 12

@@ -73,6 +73,23 @@ def test_the_time_limit_stops_the_loop_after_the_build_that_crossed_it():
     assert len(measured) == 2 and driver.out_of_time and driver.left == 0  # started at 0 and 1 seconds
 
 
+def test_the_time_limit_stops_a_batch_after_the_build_that_crossed_it():
+    space = tiny_space()
+    harness, measured = _one_by_one(space)
+    now = [0.0]
+    built = harness._evaluate
+
+    def slow(plan):  # every build takes one second of the fake clock
+        now[0] += 0.0 if plan.hash in measured else 1.0
+        return built(plan)
+
+    harness._evaluate = slow
+    names = space.layer_names
+    probes = [space.plan({names[i]: "int8"}) for i in range(4)]
+    driver = Driver(harness, budget=100, stall=50, seconds=1.5, clock=lambda: now[0])
+    assert [r.plan for r in driver.build(probes)] == probes[:2] and len(measured) == 2  # the batch of 4 stopped
+
+
 def test_budget_minutes_reaches_the_driver(tmp_path):
     from autotune.testing import tiny_config
 
