@@ -63,8 +63,7 @@ class DataSource(_Strict):
     """An ``.npz`` file: one array per model input, named after it, samples along the first axis (plus an optional
     ``labels`` array); cut into batches of the inputs' first dimension."""
     generator: str | None = None
-    """``package.module:function(**kwargs)`` returning an iterable of ``{input name: array}`` batches
-    (a ``labels`` key holds labels)."""
+    """``package.module:function(**kwargs)``: an iterable of ``{input name: array}`` batches (``labels``: labels)."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the ``generator``."""
     random: Annotated[int, Field(gt=0)] | None = None
@@ -264,8 +263,7 @@ class SearchSpaceConfig(_Strict):
     hurts the output least when that layer alone is INT8 (chosen once on the calibration data and cached; see
     ``autotune.quant.layerwise``)."""
     weight_granularity: list[Literal["per_channel", "per_tensor"]] = ["per_channel", "per_tensor"]
-    """Values of the ``weight_granularity`` knob (INT8 weight scales per output channel or per tensor), the first
-    being its default."""
+    """Values of the ``weight_granularity`` knob (INT8 weight scales per channel or per tensor), the first default."""
     knobs: dict[str, list[KnobValue]] = Field(default_factory=dict)
     """Restrict a backend knob to these values, e.g. ``graph_optimization_level: [all]``."""
     group_size: int = Field(1, gt=0)
@@ -347,10 +345,8 @@ class MeasureConfig(_Strict):
     host slowed FP32, and all-INT8 more, for seconds at a time). After it, each plan is timed by its fastest
     runs and the measurement says the machine ran slow."""
     turn_s: float = Field(0.6, ge=0)
-    """Seconds a plan's turn in a round (its warm-up and timed runs) lasts at most, as near as whole runs allow: a
-    plan whose runs take longer gets one warm-up run and fewer timed runs, at least two. A 200 ms model's turn of
-    2 warm-up and 10 timed runs (``confirm.repeats``) took 2.4 s, a confirmation round of eight plans 19 s; the
-    speedup is read from the rounds, not from the runs within one. 0: ``warmup`` and ``repeats`` as set."""
+    """Seconds a plan's turn in a round (warm-up and timed runs) lasts at most: a slower plan gets one warm-up and
+    the timed runs that fit, at least two (docs/measurement.md#quiet-rounds). 0: ``warmup`` and ``repeats``."""
 
 
 class BudgetConfig(_Strict):
