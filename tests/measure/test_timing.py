@@ -670,6 +670,34 @@ def test_a_process_that_starts_inside_a_slow_spell_waits_it_out_from_the_pace_ea
     assert sampler.backed_off == [2.0, 2.0]  # no other process, yet it stepped off until the spell ended
 
 
+class _IdleSampler(ScriptedSampler):
+    """No wait and no other work; a span of fewer than 3 rounds is too short to read the others' share."""
+
+    def reading(self, start, end):
+        from autotune.measure.interference import Reading
+
+        if start is None or end is None:
+            return None
+        rounds = end - start
+        return Reading(float(rounds), 0.0 if rounds >= 3 else None, 0.0, 0.0)
+
+
+def test_a_slow_spell_on_an_idle_machine_is_said_to_be_one_not_other_work():
+    from autotune.measure.timing import ReferencePace
+
+    # The 36 %-slow process of a quiet 2-core VM had said "too busy ... in 80 of 81 rounds" at others 0 %: the rounds
+    # its back-offs cut short were counted as other work's.
+    protocol = Protocol(warmup=0, repeats=1, rounds=3, settle_s=0.0, max_rounds=4, spell_patience_s=5.0)
+    protocol = replace(protocol, busy_wait=None, busy_others=0.1)
+    reference, candidate, _ = _host_spell(spell_back_offs=100)
+    sampler = _IdleSampler(lambda k: 0.0)
+    latency = interleaved(
+        candidate, reference, protocol, self_timed=True, pace=ReferencePace(remembered_ms=2.0), sampler=sampler
+    )
+    assert sampler.backed_off and not latency.busy.quiet and latency.busy.contended == 0
+    assert latency.busy.describe().startswith("the machine ran slow")
+
+
 def test_a_spell_that_outlasts_the_patience_is_said_to_be_one_and_timed_by_the_fastest_runs():
     from autotune.measure.timing import ReferencePace
 
