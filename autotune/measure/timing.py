@@ -365,8 +365,7 @@ def _rounds(
         waited_out_s += sampler.back_off(BACK_OFF_S)
         limit += protocol.round_limit
         last = sampler.snapshot()  # the back-off is no round of its own
-        # Rounds not read yet before a back-off for other work count as shared; a slow spell's were no one else's.
-        shares.restart(last, len(readings), unread_shared=not all(clear))
+        shares.restart(last, len(readings), unread_shared=not all(clear))  # a slow spell's rounds: no one else's
     clear = _clear(readings, protocol, shares.shared, cores)
     busy = _busy(sampler, sampler.reading(first, last), counted, clear, protocol, pace, np.array(round_medians))
     if not counted.quiet:
