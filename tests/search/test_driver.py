@@ -57,36 +57,32 @@ def test_the_budget_cuts_a_batch_and_the_plans_past_it_get_no_result():
     assert driver.build(plans) == [] and driver.exhausted() and len(measured) == 2
 
 
-def test_the_time_limit_stops_the_loop_after_the_build_that_crossed_it():
-    space = tiny_space()
+def _driver_of_one_second_builds(space):
+    """A driver with 1.5 s of a fake clock over builds of one second each (store hits take none), and its store."""
     harness, measured = _one_by_one(space)
     now = [0.0]
     built = harness._evaluate
 
-    def slow(plan):  # every build takes one second of the fake clock
+    def slow(plan):
         now[0] += 0.0 if plan.hash in measured else 1.0
         return built(plan)
 
     harness._evaluate = slow
-    driver = Driver(harness, budget=100, stall=50, seconds=1.5, clock=lambda: now[0])
+    return Driver(harness, budget=100, stall=50, seconds=1.5, clock=lambda: now[0]), measured
+
+
+def test_the_time_limit_stops_the_loop_after_the_build_that_crossed_it():
+    space = tiny_space()
+    driver, measured = _driver_of_one_second_builds(space)
     driver.run(_Repeating(space, fresh=3))
     assert len(measured) == 2 and driver.out_of_time and driver.left == 0  # started at 0 and 1 seconds
 
 
 def test_the_time_limit_stops_a_batch_after_the_build_that_crossed_it():
     space = tiny_space()
-    harness, measured = _one_by_one(space)
-    now = [0.0]
-    built = harness._evaluate
-
-    def slow(plan):  # every build takes one second of the fake clock
-        now[0] += 0.0 if plan.hash in measured else 1.0
-        return built(plan)
-
-    harness._evaluate = slow
+    driver, measured = _driver_of_one_second_builds(space)
     names = space.layer_names
     probes = [space.plan({names[i]: "int8"}) for i in range(4)]
-    driver = Driver(harness, budget=100, stall=50, seconds=1.5, clock=lambda: now[0])
     assert [r.plan for r in driver.build(probes)] == probes[:2] and len(measured) == 2  # the batch of 4 stopped
 
 
