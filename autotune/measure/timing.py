@@ -115,11 +115,9 @@ seconds, a confirmation of ten plans found no 16 quiet rounds each in 64 (docs/m
 FLOOR_POOL = 2
 """A measurement on a machine nothing else used (every round clear of other work) whose pace scatters too much for
 ``Protocol.rounds`` rounds to sit within the quiet band times each runner by its fastest rounds (``_from_floors``)
-once it has this many times ``Protocol.rounds`` clear rounds (or its limit): an idle 2-core VM ran one engine's
-200 ms runs back to back at 1.16-1.25x their fastest in the median, consecutive runs 0.89-1.20x each other, with
-nothing else on it, and no band short of that scatter counts its rounds (docs/measurement.md#quiet-rounds). Its
-floors are the fastest half of its clear rounds: interference only adds time, and every runner ran in every round,
-so each runner's fastest rounds fall in the machine's fast moments alike."""
+once it has this many times ``Protocol.rounds`` clear rounds (or its limit): the fastest half of them. Interference
+only adds time, and every runner ran in every round, so each runner's fastest rounds fall in the machine's fast
+moments alike (docs/measurement.md#quiet-rounds has what an idle VM's rounds did)."""
 
 BACK_OFF_S = 2.0
 """The longest single back-off of a measurement the machine kept too busy (``Protocol.busy_patience_s``)."""
@@ -193,15 +191,12 @@ def _turn_counts(protocol: Protocol, sample_ms: float) -> tuple[int, int]:
 
 
 def turn_ms(runs: int, run_ms: float, turn_s: float) -> float:
-    """Milliseconds of a turn of ``runs`` runs (warm-up and timed) of ``run_ms`` each, cut as ``_turn_counts`` cuts it.
+    """Milliseconds of a turn of ``runs`` runs (one warm-up, the rest timed) of ``run_ms`` each, as ``_timed`` cuts it.
 
-    At most ``turn_s``, or one warm-up and ``MIN_REPEATS`` runs where one run is longer: the costs a time limit
-    plans with (``autotune.harness.deadline``).
+    For the costs a time limit plans with (``autotune.harness.deadline``), which know a turn's runs, not its split.
     """
-    whole = runs * run_ms
-    if turn_s <= 0 or whole <= turn_s * 1e3:
-        return whole
-    return min(whole, max(turn_s * 1e3, (1 + MIN_REPEATS) * run_ms))
+    warmup, repeats = _turn_counts(Protocol(warmup=1, repeats=max(1, runs - 1), turn_s=turn_s), run_ms)
+    return (warmup + repeats) * run_ms
 
 
 def _timed(

@@ -184,8 +184,7 @@ class Driver:
         Returns the results in the order they completed (store hits first); a plan past the budget has none. A plan
         given twice counts as a store hit the second time, as it would one at a time. Each result is handed to the
         callbacks as it lands, while the other builds still run. Once the time limit has passed (a callback may
-        move it: the confirmation's time), the batch's other plans are not built: a batch of probes started with
-        time for one of them ran a 10-minute run's confirmation down to FP32 alone.
+        move it: the confirmation's time), the batch's other plans are not built.
         """
         if not plans or self.left == 0:
             return []

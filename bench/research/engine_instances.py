@@ -3,11 +3,12 @@
 Builds ``--engines`` sessions of one ONNX model on ONNX Runtime or OpenVINO (FP32, two threads, as a trial does),
 times them in rounds whose order rotates (each engine one warm-up run and three samples a round), and prints each
 engine's floor (the mean of its fastest quarter of samples) relative to the first engine's, for the first and the
-second half of the rounds. On an idle 2-core EPYC VM the floors of identical engines differed by up to 5-9 %, and by
-a different amount in each half: a limit on any ratio measured between two builds (docs/measurement.md#quiet-rounds).
+second half of the rounds, and each engine's median sample over its fastest (how its runs scatter): a limit on any
+ratio measured between two builds (docs/measurement.md#quiet-rounds has what an idle VM did).
 
     python bench/research/engine_instances.py autotune/examples/data/cnn.onnx --shape 32x1x16x16 --rounds 200
-    python bench/research/engine_instances.py model.onnx --runtime openvino --rounds 30   # a MiniLM ONNX file
+    python bench/research/engine_instances.py .cache/autotune/models/autotune.examples.minilm.build_module-*.onnx \
+        --runtime openvino --rounds 30   # the MiniLM ONNX file configs/minilm-cpu.yaml caches
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> None:
         floors = [floor_ms(s[half * len(s) // 2 : (half + 1) * len(s) // 2]) for s in samples]
         relative = " ".join(f"{floor / floors[0]:.3f}" for floor in floors)
         print(f"half {half + 1}: floors (ms) {' '.join(f'{f:.3f}' for f in floors)}; relative to the first: {relative}")
+    scatter = " ".join(f"{float(np.median(s)) / min(s):.3f}" for s in samples)
+    print(f"each engine's median sample over its fastest: {scatter}")
 
 
 if __name__ == "__main__":
