@@ -7,7 +7,7 @@ second half of the rounds, and each engine's median sample over its fastest (how
 ratio measured between two builds (docs/measurement.md#quiet-rounds has what an idle VM did).
 
     python bench/research/engine_instances.py autotune/examples/data/cnn.onnx --shape 32x1x16x16 --rounds 200
-    python bench/research/engine_instances.py .cache/autotune/models/autotune.examples.minilm.build_module-*.onnx \
+    python bench/research/engine_instances.py .cache/autotune/models/autotune.examples.minilm.build_module-*.onnx \\
         --runtime openvino --rounds 30   # the MiniLM ONNX file configs/minilm-cpu.yaml caches
 """
 
