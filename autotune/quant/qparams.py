@@ -38,7 +38,7 @@ def _safe_scale(scale: np.ndarray | np.floating) -> np.ndarray:
 
 
 def activation_qparams(
-    lo: float, hi: float, dtype: str, scale_bounds: tuple[float, float] | None = None
+    lo: float, hi: float, dtype: str, scale_bounds: tuple[float, float] | None = None, min_zero_point: int = 0
 ) -> tuple[np.float32, np.uint8 | np.int8]:
     """Scale and zero point for an activation with calibrated range ``[lo, hi]``.
 
@@ -48,6 +48,8 @@ def activation_qparams(
         dtype: ``"uint8"`` (asymmetric) or ``"int8"`` (symmetric, zero point 0).
         scale_bounds: ``(smallest, largest)`` scale an integer kernel can requantize to (see
             :func:`pooling_scale_bounds`); the scale is clamped into it and the zero point follows.
+        min_zero_point: The least uint8 zero point (``QuantRecipe.min_matmul_zero_point``): a range that starts at 0
+            (after a Relu) would take 0; it takes this instead, its range widened below 0 by so many steps.
 
     Returns:
         ``(scale, zero_point)``: a strictly positive float32 scale and a zero point of ``dtype``.
@@ -58,6 +60,8 @@ def activation_qparams(
     if not (np.isfinite(lo) and np.isfinite(hi)):
         raise ValueError(f"calibrated range [{lo}, {hi}] is not finite")
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    if dtype == "uint8" and np.rint(-lo * 255.0 / max(hi - lo, 1e-30)) < min_zero_point:
+        lo = -hi * min_zero_point / (255.0 - min_zero_point)  # the zero point lands on min_zero_point
     if dtype == "uint8":
         scale = _safe_scale(np.float32((hi - lo) / 255.0))
     elif dtype == "int8":

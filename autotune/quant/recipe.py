@@ -29,6 +29,8 @@ class QuantRecipe:
             and the conv (ORT folds DQ -> Pad -> Conv into one QLinearConv; TensorRT fuses Q/DQ next to the conv).
         quantize_gemm_bias: Quantize a Gemm's bias to int32 (ORT then fuses QGemm with a float output;
             with a float bias it runs DQ + float Gemm, losing accuracy for no speed).
+        min_matmul_zero_point: The least zero point of a uint8 activation a MatMul or Gemm reads: a range that
+            starts at 0 (after a Relu) is widened below 0 by so many steps (OpenVINO: ``OPENVINO_RECIPE``).
     """
 
     activation_dtype: str = "uint8"
@@ -42,6 +44,7 @@ class QuantRecipe:
     fold_activation_into_output: bool = True
     quantize_before_zero_pad: bool = True
     quantize_gemm_bias: bool = True
+    min_matmul_zero_point: int = 0
 
     @property
     def activation_symmetric(self) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 
 pytest.importorskip("openvino")
 
@@ -97,6 +98,17 @@ def test_saturating_8bit_weights_lower_to_7bit_weights_that_compute_the_7bit_ref
     assert arithmetic["scheme"] == "u8s7" and arithmetic["weight_range"] == [-64, 64]
     assert arithmetic["exact"] == ["u8s7"]
     assert arithmetic["verdicts"]["u8s8"].startswith("u8s8: saturating")
+
+
+def test_no_matmul_of_an_openvino_int8_plan_reads_a_zero_point_of_zero(tmp_path):
+    """The mlp's second MatMul reads a Relu's output, whose range starts at 0 (zero point 0 elsewhere)."""
+    _, artifact, _, _ = _built("mlp", tmp_path)
+    zero_points = {
+        init.name: int(numpy_helper.to_array(init))
+        for init in artifact.graph.graph.initializer
+        if "__zp__" in init.name and numpy_helper.to_array(init).dtype == np.uint8
+    }
+    assert "r__zp__mm2" in zero_points and min(zero_points.values()) >= 1, zero_points
 
 
 def test_an_exact_verdict_keeps_8bit_weights(monkeypatch, tmp_path):

@@ -222,7 +222,8 @@ def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -
         if plan.precision_map.get(layer.name, "fp32") != "int8":
             continue
         node = next(n for n in model.graph.node if n.name == layer.name)
-        act = {x: activation_qparams(*ranges[x], dtype) for x in layer.activation_inputs}
+        least = recipe.min_matmul_zero_point if layer.op_type in ("MatMul", "Gemm") else 0
+        act = {x: activation_qparams(*ranges[x], dtype, None, least) for x in layer.activation_inputs}
         replace = {}
         w_scales = None
         if layer.weight is not None:

@@ -113,3 +113,13 @@ def test_an_int32_bias_saturates_instead_of_wrapping():
     q = quantize_bias_int32(np.array([1.0, -1.0, 0.5, 2.5]), np.array([1e-12, 1e-12, 1.0, 1.0]))
     np.testing.assert_array_equal(q, [2**31 - 1, -(2**31), 0, 2])
     assert q.dtype == np.int32
+
+
+def test_a_least_zero_point_shifts_a_range_that_starts_at_zero_and_leaves_the_others():
+    assert activation_qparams(0.0, 5.1, "uint8") == (np.float32(0.02), np.uint8(0))
+    scale, zero = activation_qparams(0.0, 5.1, "uint8", min_zero_point=1)
+    assert zero == np.uint8(1) and scale == np.float32(5.1 / 254)  # 0 and 5.1 stay on the grid's ends
+    assert fake_quant(np.float32(5.1), scale, zero, "uint8") == pytest.approx(5.1, rel=1e-6)
+    assert activation_qparams(-1e-4, 5.1, "uint8", min_zero_point=1)[1] == np.uint8(1)  # would round to 0
+    assert activation_qparams(-1.0, 3.0, "uint8", min_zero_point=1) == activation_qparams(-1.0, 3.0, "uint8")
+    assert activation_qparams(0.0, 5.1, "int8", min_zero_point=1)[1] == np.int8(0)  # symmetric: no zero point
