@@ -84,14 +84,17 @@ def isa_features() -> tuple[str, ...]:
     """The INT8-relevant ISA features of this CPU (of :data:`INT8_ISA_FLAGS`), sorted.
 
     numpy's CPUID probe decides the flags it knows (it sees what this process runs on, emulated or not); the
-    others (AVX-VNNI, AMX, i8mm) come from ``/proc/cpuinfo``.
+    others (AVX-VNNI, AMX, i8mm) come from ``/proc/cpuinfo``, unless CPUID hides a flag that file lists: the
+    process then runs on another CPU than the host's (``qemu-x86_64 -cpu Haswell`` on an AMX Xeon), and the
+    file's other flags are the host's too.
     """
     numpy_seen = _numpy_cpu_features()
     listed = _cpuinfo_flags()
+    hidden = any(key in numpy_seen and not numpy_seen[key] and flag in listed for flag, key in _NUMPY_FEATURES.items())
     found = set()
     for flag in INT8_ISA_FLAGS:
         key = _NUMPY_FEATURES.get(flag)
-        present = bool(numpy_seen[key]) if key is not None and key in numpy_seen else flag in listed
+        present = bool(numpy_seen[key]) if key is not None and key in numpy_seen else flag in listed and not hidden
         if present:
             found.add(flag)
     return tuple(sorted(found))
