@@ -19,7 +19,7 @@ from autotune.search.episode import (
     action_count,
     action_mask,
     decisions,
-    novel_endings,
+    novel_options,
     observation_size,
     observe,
     plan_from_actions,
@@ -42,9 +42,9 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
         estimates: Returns per-layer estimates fitted from the trials so far (observation features), or None.
         shaping: Pay each step the change in the estimates' predicted reward (potential-based shaping, see
             :func:`autotune.search.episode.potential`); the episode's return is still the real reward.
-        measured: Returns the hashes of the plans measured so far: the last step masks the options that would end
-            in one of them, where another option is left (:func:`autotune.search.episode.novel_endings`). None: no
-            such mask (an imagined env, whose plans cost no build).
+        measured: Returns the hashes of the plans measured so far: each step masks the options whose every
+            completion is one of them, where another option is left (:func:`autotune.search.episode.novel_options`).
+            None: no such mask (an imagined env, whose plans cost no build).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -84,9 +84,9 @@ class EngineBuildEnv(gym.Env[np.ndarray, np.int64]):
     def action_masks(self) -> np.ndarray:
         """Allowed actions now (sb3-contrib's MaskablePPO calls this)."""
         mask = action_mask(self.steps, len(self._chosen), self.n_actions)
-        if self.measured is None or len(self._chosen) != len(self.steps) - 1:
+        if self.measured is None:
             return mask
-        return novel_endings(self.space, self.steps, self._chosen, mask, self.measured())
+        return novel_options(self.space, self.steps, self._chosen, mask, self.measured())
 
     def _info(self) -> dict[str, Any]:
         return {"action_mask": self.action_masks().astype(np.int8)}

@@ -302,7 +302,7 @@ class _Agent:
         # The builds' wall time, which the agent's compute is sized to.
         self.pace = ComputePace(settings.ppo.compute_share, lambda: driver.build_s)
         make_env = self._env_factory(make_env, models.estimates)
-        # Real episodes end in plans not built yet where their last choice allows one (novel_endings); imagined
+        # Real episodes end in plans not built yet where their choices allow one (novel_options); imagined
         # ones cost no build and are not masked so.
         self.real = _real_envs(lambda score: make_env(score, models.measured), driver)
         self.real.seed(settings.seed)

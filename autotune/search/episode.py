@@ -6,6 +6,7 @@ as in HAQ), then each knob with more than one value picks a value. The Gymnasium
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -62,20 +63,24 @@ def action_mask(steps: Sequence[Decision], step: int, n_actions: int) -> np.ndar
     return mask
 
 
-def novel_endings(
+def novel_options(
     space: SearchSpace, steps: Sequence[Decision], chosen: Sequence[int], mask: np.ndarray, measured: Collection[str]
 ) -> np.ndarray:
-    """The last step's ``mask`` without the options that complete a plan already measured, unless every one does.
+    """``mask`` without the options all of whose completions are plans already measured, unless every option's are.
 
     A converged policy ends its real episodes in the plans it built already, each a store hit that teaches it
-    nothing new; masked so, an episode ends in the nearest plan not built yet (its last choice changed) where there
-    is one, and is built.
+    nothing new. Masked so at every step, an episode leaves a branch only when every plan below it is measured, and
+    ends in a plan not built yet wherever its earlier choices left one. A branch is looked into only where it has
+    no more completions than plans were measured, and the look stops at its first plan not measured.
     """
-    if len(chosen) != len(steps) - 1:
+    later = [range(len(step.options)) for step in steps[len(chosen) + 1 :]]
+    if len(chosen) >= len(steps) or math.prod(len(options) for options in later) > len(measured):
         return mask
     novel = mask.copy()
     for option in np.flatnonzero(mask):
-        if plan_from_actions(space, steps, [*chosen, int(option)]).hash in measured:
+        head = [*chosen, int(option)]
+        completions = (plan_from_actions(space, steps, [*head, *tail]) for tail in itertools.product(*later))
+        if all(plan.hash in measured for plan in completions):
             novel[option] = False
     return novel if novel.any() else mask
 

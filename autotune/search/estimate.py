@@ -350,6 +350,7 @@ class RefittedEstimates:
         self.prior_weight = prior_weight
         self._fitted_at = -every
         self._estimates: LayerEstimates | None = None
+        self._measured: tuple[int, frozenset[str]] | None = None
 
     def prior(self, trials: Sequence[TrialResult] | None = None) -> LayerPrior | None:
         """The per-layer priors, scaled on ``trials`` (default: all so far); None without prior inputs."""
@@ -378,9 +379,12 @@ class RefittedEstimates:
             self._fitted_at = len(trials)
         return self._estimates
 
-    def measured(self) -> set[str]:
-        """Hashes of the plans measured so far."""
-        return {trial.plan_hash for trial in self.trials()}
+    def measured(self) -> frozenset[str]:
+        """Hashes of the plans measured so far, read again only when a trial was added (every step masks by them)."""
+        count = self.count()
+        if self._measured is None or self._measured[0] != count:
+            self._measured = (count, frozenset(trial.plan_hash for trial in self.trials()))
+        return self._measured[1]
 
     def surrogate(self) -> Surrogate | None:
         """The additive model of whole plans over every trial so far, or None while there are too few."""

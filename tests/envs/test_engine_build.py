@@ -85,6 +85,32 @@ def test_the_last_step_masks_the_endings_already_measured_unless_all_are(space):
     assert terminated and info["plan_hash"] == endings[-1]
 
 
+def test_an_earlier_step_masks_an_option_whose_every_completion_is_measured(space):
+    import itertools
+
+    measured: set[str] = set()
+    env = EngineBuildEnv(space, synthetic_evaluator(space), measured=lambda: measured)
+    env.reset(seed=0)
+    steps = env.steps
+    head = [0] * (len(steps) - 3)  # three knob steps are left: the fourth-last chooses among their completions
+    for action in head:
+        env.step(action)
+    later = [range(len(step.options)) for step in steps[len(head) + 1 :]]
+
+    def completions(option):
+        return {plan_from_actions(space, steps, [*head, option, *tail]).hash for tail in itertools.product(*later)}
+
+    every = completions(0)
+    measured.update(list(every)[:-1])
+    assert env.action_masks()[0]  # one completion below option 0 is not built yet
+    measured.update(every)
+    mask = env.action_masks()
+    assert not mask[0] and mask[1 : len(steps[len(head)].options)].all()
+    for option in range(1, len(steps[len(head)].options)):
+        measured.update(completions(option))
+    assert env.action_masks().sum() == len(steps[len(head)].options)  # all built: nothing is masked
+
+
 def test_failed_build_gets_the_failure_reward_and_is_reported(space):
     evaluate = synthetic_evaluator(space, fail_knob=("graph_optimization_level", "basic"))
     env = EngineBuildEnv(space, evaluate, RewardConfig(failure=-3.0))
