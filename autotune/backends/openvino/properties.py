@@ -23,10 +23,9 @@ BF16_ISA_FLAGS = ("avx512_bf16", "amx_bf16")
 
 OPENVINO_RECIPE = QuantRecipe(activation_dtype="uint8", quantize_gemm_bias=False, min_matmul_zero_point=1)
 """uint8 activations and int8 per-channel weights, the x86 scheme of OpenVINO's own quantizer (NNCF); biases stay
-float, which OpenVINO adds after the integer product anyway. No MatMul or Gemm reads a zero point of 0: on an AMX
-Xeon (OpenVINO 2026.4) a MatMul that read another's output through a Relu and a uint8 Q/DQ of zero point 0 computed
-garbage at 4 and 8 rows, and exactly with a zero point of 1 (``tests/backends/test_openvino_int8.py``). Convolutions
-keep 0: OpenVINO's INT8 CNN ran 30 % slower with 1."""
+float, which OpenVINO adds after the integer product anyway. No MatMul or Gemm reads a zero point of 0
+(docs/openvino.md#int8-on-an-avx2-cpu-the-probe: a chain of MatMuls computed garbage so on an AMX Xeon); convolutions
+keep it: no error was seen there."""
 
 OPENVINO_SCHEMES = (OPENVINO_RECIPE, reduced_range(OPENVINO_RECIPE))
 """The INT8 schemes the lowering may use, best first: 8-bit int8 weights where the CPU plugin's kernels compute them
