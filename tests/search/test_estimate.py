@@ -5,7 +5,7 @@ from autotune.config.views import SearchSettings
 from autotune.plan import INT8_SCHEME_KNOB, Plan
 from autotune.run.trial import TrialResult
 from autotune.search.episode import decisions, observe
-from autotune.search.estimate import ACCURACY_KNOBS, MIN_TRIALS, fit_additive, fit_surrogate
+from autotune.search.estimate import ACCURACY_KNOBS, MIN_TRIALS, RefittedEstimates, fit_additive, fit_surrogate
 from autotune.testing import tiny_space
 
 NAMES = ["a", "b", "c", "d"]
@@ -161,3 +161,12 @@ def test_each_int8_scheme_gets_its_own_drop_terms_as_it_changes_the_numbers():
     for scheme, per_layer in drop.items():
         lost = model.predict(Plan.make(every, {INT8_SCHEME_KNOB: scheme}))[1]
         assert lost == pytest.approx(per_layer * len(NAMES), rel=1e-3)
+
+
+def test_the_measured_hashes_are_read_once_per_trial_count_and_follow_new_trials():
+    trials, reads = [_trial({"a"})], []
+    fitted = RefittedEstimates(lambda: reads.append(1) or trials, NAMES, {}, count=lambda: len(trials))
+    assert fitted.measured() == {trials[0].plan_hash}
+    assert fitted.measured() == {trials[0].plan_hash} and len(reads) == 1  # every env step asks: no new read
+    trials.append(_trial({"b"}))
+    assert fitted.measured() == {t.plan_hash for t in trials} and len(reads) == 2
