@@ -42,6 +42,7 @@ _NUMPY_FEATURES = {
     "avx512f": "AVX512F",
     "avx512bw": "AVX512BW",
     "avx512_vnni": "AVX512VNNI",
+    "avx512_bf16": "AVX512BF16",
     "asimddp": "ASIMDDP",
 }
 """Flags numpy's own CPUID probe reports (what this process sees, also under an emulator that hides features
@@ -66,8 +67,18 @@ def _numpy_cpu_features() -> dict[str, bool]:
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags as ``/proc/cpuinfo`` lists them (empty where there is none)."""
-    return _cpuinfo_flags()
+    """The feature flags of the CPU this process runs on (empty where ``/proc/cpuinfo`` lists none).
+
+    numpy's CPUID probe decides the flags it knows (it sees what this process runs on, emulated or not); the
+    others come from ``/proc/cpuinfo``, unless CPUID hides a flag that file lists: the process then runs on another
+    CPU than the host's (``qemu-x86_64 -cpu Haswell`` on an AMX Xeon), and the file's other flags are the host's too.
+    """
+    listed = _cpuinfo_flags()
+    numpy_seen = _numpy_cpu_features()
+    known = {flag: bool(numpy_seen[key]) for flag, key in _NUMPY_FEATURES.items() if key in numpy_seen}
+    hidden = any(flag in listed and not seen for flag, seen in known.items())
+    unknown = set() if hidden else listed - set(known)
+    return unknown | {flag for flag, seen in known.items() if seen}
 
 
 def _cpuinfo_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -81,23 +92,9 @@ def _cpuinfo_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
 
 
 def isa_features() -> tuple[str, ...]:
-    """The INT8-relevant ISA features of this CPU (of :data:`INT8_ISA_FLAGS`), sorted.
-
-    numpy's CPUID probe decides the flags it knows (it sees what this process runs on, emulated or not); the
-    others (AVX-VNNI, AMX, i8mm) come from ``/proc/cpuinfo``, unless CPUID hides a flag that file lists: the
-    process then runs on another CPU than the host's (``qemu-x86_64 -cpu Haswell`` on an AMX Xeon), and the
-    file's other flags are the host's too.
-    """
-    numpy_seen = _numpy_cpu_features()
-    listed = _cpuinfo_flags()
-    hidden = any(key in numpy_seen and not numpy_seen[key] and flag in listed for flag, key in _NUMPY_FEATURES.items())
-    found = set()
-    for flag in INT8_ISA_FLAGS:
-        key = _NUMPY_FEATURES.get(flag)
-        present = bool(numpy_seen[key]) if key is not None and key in numpy_seen else flag in listed and not hidden
-        if present:
-            found.add(flag)
-    return tuple(sorted(found))
+    """The INT8-relevant ISA features of the CPU this process runs on (of :data:`INT8_ISA_FLAGS`, ``cpu_flags``)."""
+    flags = cpu_flags()
+    return tuple(sorted(flag for flag in INT8_ISA_FLAGS if flag in flags))
 
 
 def isa_class(features: Sequence[str]) -> str:

@@ -76,6 +76,9 @@ def test_isa_features_trust_cpuid_as_numpy_sees_it_and_cpuinfo_for_the_rest(monk
     assert isa_features() == ("avx2",)  # CPUID hides AVX-512 the file lists: its AMX and AVX-VNNI are the host's
     monkeypatch.setattr(int8_kernels, "_cpuinfo_flags", lambda: {"avx2", "avx_vnni"})
     assert isa_features() == ("avx2", "avx_vnni")  # nothing hidden: an AVX-VNNI CPU without AVX-512
+    monkeypatch.setattr(int8_kernels, "_cpuinfo_flags", lambda: {*host, "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(int8_kernels, "_numpy_cpu_features", lambda: {"AVX2": True, "AVX512F": False})
+    assert int8_kernels.cpu_flags() == {"avx2"}  # the host's BF16 is not this process's either (OpenVINO's bf16)
 
 
 def test_isa_class_names_the_best_int8_kernel_family():

@@ -52,7 +52,7 @@ among them: the latency protocol runs one request at a time, which one stream se
 
 
 def bf16_features() -> tuple[str, ...]:
-    """The BF16 features of this CPU (of :data:`BF16_ISA_FLAGS`) that ``/proc/cpuinfo`` lists, sorted."""
+    """The BF16 features of the CPU this process runs on (of :data:`BF16_ISA_FLAGS`, ``cpu_flags``), sorted."""
     flags = cpu_flags()
     return tuple(sorted(flag for flag in BF16_ISA_FLAGS if flag in flags))
 
