@@ -244,11 +244,11 @@ def fit_surrogate(
     rows = [_plan_columns(r.plan, knob_defaults) for r in ok]
     saving_prior = drop_priors = None
     if prior is not None:
-        # int8-dynamic starts from static INT8's saving: both replace the layer's float product by an integer one
+        # int8-dynamic starts from static INT8's saving until a plan with dynamic layers has measured its own
         saving_prior = {
             ("layer", name, precision): float(v)
-            for name, v in zip(layer_names, prior.saving, strict=True)
             for precision in ("int8", DYNAMIC)
+            for name, v in zip(layer_names, prior.saving_of(precision), strict=True)
         }
         drop_priors = {}
     saving_weight = prior_weight if saving_prior_weight is None else saving_prior_weight

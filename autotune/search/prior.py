@@ -137,6 +137,8 @@ class LayerPrior:
         granularity: The weight granularity ``drops`` hold for (None: the space has no such knob).
         form_drops: Per INT8 form besides the default scheme (:attr:`PriorInputs.forms`), the per-layer drop in it
             with the layerwise choices.
+        dynamic_saving: Per layer, the fraction of FP32 latency saved when it alone is ``int8-dynamic``, from its own
+            scale where plans with dynamic layers were measured; None: static INT8's (``saving``).
     """
 
     saving: np.ndarray
@@ -145,6 +147,11 @@ class LayerPrior:
     saving_per_share: float
     granularity: str | None
     form_drops: Mapping[str, np.ndarray] = field(default_factory=dict)
+    dynamic_saving: np.ndarray | None = None
+
+    def saving_of(self, precision: str) -> np.ndarray:
+        """Per layer, the prior saving of ``precision`` (``int8`` or ``int8-dynamic``)."""
+        return self.dynamic_saving if precision == DYNAMIC and self.dynamic_saving is not None else self.saving
 
     def drop(self, calibration: object, granularity: object, scheme: object = None) -> np.ndarray | None:
         """Per-layer prior drops of one setting of the accuracy knobs, or None where nothing was measured.
@@ -206,13 +213,22 @@ def layer_prior(
     if saving_scale is None:
         saving_scale = _slope_through_origin(*points.savings[False])
     saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, -1.0, 1.0))
+    # int8-dynamic's own scale, on what its layers saved beyond the plan's static INT8 layers: where the default
+    # scheme runs on slow kernels (u8u8 on AVX2) a dynamic layer saves about twice what a static one does.
+    dynamic_shares, static_shares, dynamic_targets = points.dynamic_savings
+    dynamic_scale = _slope_through_origin(
+        dynamic_shares, [y - saving_scale * x for x, y in zip(static_shares, dynamic_targets, strict=True)]
+    )
+    dynamic_saving = None if dynamic_scale is None else float(np.clip(dynamic_scale, -1.0, 1.0)) * shares
     drops = {} if drop_scale is None else _prior_drops(inputs, drop_scale, points.errors_by_method)
     form_drops = {}
     for form in inputs.forms if drop_scale is not None else ():
         errors = inputs.form_errors(form)
         if errors is not None:
             form_drops[form] = max(drop_scale, 0.0) * errors  # type: ignore[operator]
-    return LayerPrior(saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity, form_drops)
+    return LayerPrior(
+        saving_scale * shares, drops, drop_scale, saving_scale, inputs.default_granularity, form_drops, dynamic_saving
+    )
 
 
 class _FitPoints:
@@ -221,6 +237,8 @@ class _FitPoints:
     Attributes:
         savings: By whether the plan had every other knob at its default: the INT8 runtime share of its
             quantized layers, and the time it saved (``1 - 1 / speedup``).
+        dynamic_savings: Of plans with ``int8-dynamic`` layers and every other knob at its default: the runtime
+            share of their dynamic layers, that of their static INT8 layers, and the time they saved.
         error_features: The summed single-layer errors of a plan's INT8 layers.
         drop_targets: The plan's accuracy drop, beside its error feature.
         errors_by_method: The single-layer errors of each calibration method met so far.
@@ -231,6 +249,7 @@ class _FitPoints:
         self._shares = shares
         self._index = {name: i for i, name in enumerate(inputs.layer_names)}
         self.savings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+        self.dynamic_savings: tuple[list[float], list[float], list[float]] = ([], [], [])
         self.error_features: list[float] = []
         self.drop_targets: list[float] = []
         self.errors_by_method: dict[str, np.ndarray] = {}
@@ -240,9 +259,9 @@ class _FitPoints:
     ) -> None:
         """Adds one trial's points; failed trials and plans with other precisions than INT8 and FP32 add none.
 
-        Plans with ``int8-dynamic`` layers add no saving point (the scale is static INT8's), and a drop point only
-        where the dynamic form's errors were measured; a plan of another INT8 scheme adds its drop point with that
-        scheme's errors (``PriorInputs.forms``).
+        Plans with ``int8-dynamic`` layers add no point to static INT8's saving scale but one to the dynamic form's
+        (at the default knobs), and a drop point only where the dynamic form's errors were measured; a plan of
+        another INT8 scheme adds its drop point with that scheme's errors (``PriorInputs.forms``).
         """
         if not result.ok or not result.speedup or result.accuracy_drop is None:
             return
@@ -250,13 +269,21 @@ class _FitPoints:
             return
         quantized = [self._index[n] for n, p in result.plan.precisions if p == "int8" and n in self._index]
         dynamic = [self._index[n] for n, p in result.plan.precisions if p == DYNAMIC and n in self._index]
+        default_knobs = all(
+            value == knob_defaults.get(name) for name, value in result.plan.knobs if name != calibration_knob
+        )
+        saved = 1.0 - 1.0 / result.speedup
         if not dynamic:
-            default_knobs = all(
-                value == knob_defaults.get(name) for name, value in result.plan.knobs if name != calibration_knob
-            )
             features, targets = self.savings[default_knobs]
             features.append(float(self._shares[quantized].sum()))
-            targets.append(1.0 - 1.0 / result.speedup)
+            targets.append(saved)
+        elif default_knobs:
+            for values, value in zip(
+                self.dynamic_savings,
+                (float(self._shares[dynamic].sum()), float(self._shares[quantized].sum()), saved),
+                strict=True,
+            ):
+                values.append(value)
         if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != self._inputs.default_granularity:
             return
         errors = self._errors(

@@ -77,7 +77,8 @@ def test_a_plan_several_times_slower_than_fp32_is_timed_in_one_round_and_says_so
         return slow_ms if any(plan == int8 and engine is artifact for plan, engine in engines) else 1.0
 
     monkeypatch.setattr(runner.backend, "time_run", fake_time_run)
-    protocol = Protocol(warmup=0, repeats=2, rounds=3, settle_s=0.0, busy_wait=None)
+    # Fake 1 ms timings read as a slow spell beside the pace real FP32 runs left on this runner: no patience for it.
+    protocol = Protocol(warmup=0, repeats=2, rounds=3, settle_s=0.0, busy_wait=None, spell_patience_s=0.0)
     slow, same = runner.run_side_by_side([int8, fp32], "holdout", protocol)
     assert slow.protocol["rounds"] == 1 and len(slow.round_speedups) == 1
     assert slow.speedup == pytest.approx(1.0 / slow_ms)

@@ -176,3 +176,17 @@ def test_a_layer_the_forms_allowance_did_not_reach_takes_the_forms_ratio_to_its_
     )
     assert inputs.form_errors("u8s7") == pytest.approx([3e-4, 6e-4, 12e-4])
     assert inputs.form_errors("int8-dynamic") is None
+
+
+def test_int8_dynamic_takes_static_int8s_saving_until_its_own_plans_measure_theirs():
+    from autotune.plan import DYNAMIC
+
+    static = [_trial({"a", "b"}), _trial({"c", "d"})]  # static INT8 saves 0.6 of a layer's share
+    assert layer_prior(_inputs(), static, DEFAULTS).dynamic_saving is None
+    # a mixed plan: b static, c and d dynamic, saving 0.9 of their share
+    plan = Plan.make({"a": "fp32", "b": "int8", "c": DYNAMIC, "d": DYNAMIC}, {"calibration": "layerwise"})
+    saved = 0.6 * SHARES[1] + 0.9 * (SHARES[2] + SHARES[3])
+    mixed = TrialResult(plan=plan, speedup=1 / (1 - saved), accuracy_drop=0.001)
+    prior = layer_prior(_inputs(), [*static, mixed], DEFAULTS)
+    assert prior.saving_of("int8") == pytest.approx(0.6 * np.array(SHARES))
+    assert prior.saving_of(DYNAMIC) == pytest.approx(0.9 * np.array(SHARES))

@@ -167,3 +167,18 @@ def test_ranking_gives_a_tie_within_the_measured_noise_to_the_more_accurate_plan
         "d",
     ]
     assert [r.plan.precisions[0][0] for r in ranking([fast, slow], 0.01, noise=0.02)] == ["a", "c"]
+
+
+def test_the_profile_model_ranks_int8_dynamic_by_what_its_own_plans_saved():
+    # The AVX2 quick start: static INT8 in the default scheme (u8u8) saves little, int8-dynamic much more, static INT8
+    # in the other scheme (u8s7, a knob) in between. Held at static INT8's saving, the dynamic plan ranked last.
+    from autotune.plan import DYNAMIC, INT8_SCHEME_KNOB
+
+    defaults = {INT8_SCHEME_KNOB: "u8u8"}
+    every = dict.fromkeys(SHARES, "int8")
+    static = TrialResult(plan=Plan.make(every, defaults), speedup=1.21, accuracy_drop=0.002)
+    dynamic = TrialResult(plan=Plan.make(dict.fromkeys(SHARES, DYNAMIC), defaults), speedup=1.60, accuracy_drop=0.008)
+    other = TrialResult(plan=Plan.make(every, {INT8_SCHEME_KNOB: "u8s7"}), speedup=1.51, accuracy_drop=0.003)
+    profile = profile_speedups([static, dynamic, other], defaults, SHARES, list(SHARES))
+    assert profile[dynamic.plan_hash] == pytest.approx(1.60, rel=0.02)
+    assert profile[dynamic.plan_hash] > profile[other.plan_hash] > profile[static.plan_hash]
