@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.model.optypes import MATMUL_OP_TYPES
+
 
 @dataclass(frozen=True)
 class QuantRecipe:
@@ -50,6 +52,10 @@ class QuantRecipe:
     def activation_symmetric(self) -> bool:
         """Symmetric activations have a zero point of 0."""
         return self.activation_dtype == "int8"
+
+    def least_zero_point(self, op_type: str) -> int:
+        """The least uint8 zero point of an activation a layer of ``op_type`` reads (``min_matmul_zero_point``)."""
+        return self.min_matmul_zero_point if op_type in MATMUL_OP_TYPES else 0
 
 
 ORT_X86 = QuantRecipe(activation_dtype="uint8")

@@ -165,7 +165,7 @@ class _Rewriter(GraphEditor):
             scale = in_scale_type(fp8_activation_scale(lo, hi), self.scale_type)
             zero: np.ndarray = np.array(0, dtype=ml_dtypes.float8_e4m3fn)
         else:
-            least = self.recipe.min_matmul_zero_point if layer.op_type in ("MatMul", "Gemm") else 0
+            least = self.recipe.least_zero_point(layer.op_type)
             scale, zero = activation_qparams(lo, hi, self.recipe.activation_dtype, bounds, least)
             scale = in_scale_type(scale, self.scale_type)  # symmetric with a half base: the zero point stays 0
         scale_name = self.add_init(f"{tensor}__scale__{tag}", np.array(scale, dtype=np.float32))

@@ -215,9 +215,9 @@ def layer_prior(
     saving_scale = DEFAULT_INT8_SAVING if saving_scale is None else float(np.clip(saving_scale, -1.0, 1.0))
     # int8-dynamic's own scale, on what its layers saved beyond the plan's static INT8 layers: where the default
     # scheme runs on slow kernels (u8u8 on AVX2) a dynamic layer saves about twice what a static one does.
-    dynamic_shares, static_shares, dynamic_targets = points.dynamic_savings
     dynamic_scale = _slope_through_origin(
-        dynamic_shares, [y - saving_scale * x for x, y in zip(static_shares, dynamic_targets, strict=True)]
+        [dynamic for dynamic, _, _ in points.dynamic_savings],
+        [saved - saving_scale * static for _, static, saved in points.dynamic_savings],
     )
     dynamic_saving = None if dynamic_scale is None else float(np.clip(dynamic_scale, -1.0, 1.0)) * shares
     drops = {} if drop_scale is None else _prior_drops(inputs, drop_scale, points.errors_by_method)
@@ -237,8 +237,8 @@ class _FitPoints:
     Attributes:
         savings: By whether the plan had every other knob at its default: the INT8 runtime share of its
             quantized layers, and the time it saved (``1 - 1 / speedup``).
-        dynamic_savings: Of plans with ``int8-dynamic`` layers and every other knob at its default: the runtime
-            share of their dynamic layers, that of their static INT8 layers, and the time they saved.
+        dynamic_savings: Of each plan with ``int8-dynamic`` layers and every other knob at its default: the runtime
+            share of its dynamic layers, that of its static INT8 layers, and the time it saved.
         error_features: The summed single-layer errors of a plan's INT8 layers.
         drop_targets: The plan's accuracy drop, beside its error feature.
         errors_by_method: The single-layer errors of each calibration method met so far.
@@ -249,7 +249,7 @@ class _FitPoints:
         self._shares = shares
         self._index = {name: i for i, name in enumerate(inputs.layer_names)}
         self.savings: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
-        self.dynamic_savings: tuple[list[float], list[float], list[float]] = ([], [], [])
+        self.dynamic_savings: list[tuple[float, float, float]] = []
         self.error_features: list[float] = []
         self.drop_targets: list[float] = []
         self.errors_by_method: dict[str, np.ndarray] = {}
@@ -278,12 +278,8 @@ class _FitPoints:
             features.append(float(self._shares[quantized].sum()))
             targets.append(saved)
         elif default_knobs:
-            for values, value in zip(
-                self.dynamic_savings,
-                (float(self._shares[dynamic].sum()), float(self._shares[quantized].sum()), saved),
-                strict=True,
-            ):
-                values.append(value)
+            shares = float(self._shares[dynamic].sum()), float(self._shares[quantized].sum())
+            self.dynamic_savings.append((*shares, saved))
         if result.plan.knob(granularity_knob, knob_defaults.get(granularity_knob)) != self._inputs.default_granularity:
             return
         errors = self._errors(

@@ -222,7 +222,7 @@ def int8_reference(model, layers, plan, ranges, recipe, feeds, ort_bias=False) -
         if plan.precision_map.get(layer.name, "fp32") != "int8":
             continue
         node = next(n for n in model.graph.node if n.name == layer.name)
-        least = recipe.min_matmul_zero_point if layer.op_type in ("MatMul", "Gemm") else 0
+        least = recipe.least_zero_point(layer.op_type)
         act = {x: activation_qparams(*ranges[x], dtype, None, least) for x in layer.activation_inputs}
         replace = {}
         w_scales = None
