@@ -1,4 +1,4 @@
-"""Per-token dynamic INT8 written in ONNX Runtime's own ops: how much of the per-tensor form's drop and speed it keeps.
+r"""Per-token dynamic INT8 written in ONNX Runtime's own ops: how much of the per-tensor form's drop and speed it keeps.
 
 ONNX Runtime's dynamic MatMul (``DynamicQuantizeMatMul``, the ``int8-dynamic`` precision) quantizes its input with
 one range per run. On MiniLM that range costs most of the drop (docs/int8-by-cpu.md, "Where MiniLM's drop goes").
@@ -13,11 +13,15 @@ saturating U8S8 kernels as on every other CPU):
 - ``per-row-scale``: each row's own scale around one zero point per input, from the calibration split (the median
   of the rows' own), so the kernel applies it and only the scale is multiplied after.
 - ``per-row-scale`` on one kind of layer at a time (query ... FFN-down), the rest FP32: accuracy only.
+- With ``--winner``: a tuning run's exported ONNX Runtime model, and the same with its FP32 MatMuls (FFN-down,
+  then FFN-up too, then all) in the ``per-row-scale`` form, on the held-out split.
 
 Speeds are over the FP32 model, every engine timed side by side in the same rounds with the ONNX Runtime backend's
 session options (``autotune.measure.timing.side_by_side``)::
 
     python bench/research/per_token_dynamic.py configs/minilm-cpu.yaml --out bench/results/minilm-per-token-avx2.json
+    python bench/research/per_token_dynamic.py configs/minilm-cpu.yaml --winner runs/minilm-cpu/best/model.onnx \
+        --out bench/results/minilm-per-token-winner-avx2.json
 
 Research only: nothing in autotune lowers to these graphs.
 """
@@ -176,11 +180,40 @@ def per_tensor(path: Path, workdir: Path) -> onnx.ModelProto:
     return onnx.load(str(out))
 
 
+def side_by_side_figures(
+    backend, graphs: dict[str, onnx.ModelProto], data: list[dict[str, np.ndarray]], rounds: int
+) -> dict[str, dict]:
+    """Each graph's drop against ``graphs["fp32"]`` on ``data`` and its speedup over it, timed side by side."""
+    knobs = backend.fp32_reference_knobs()
+    engines = {name: backend.build_graph(graph, knobs) for name, graph in graphs.items()}
+
+    def outputs(engine) -> list[np.ndarray]:
+        return [backend.run_engine(engine, batch)[0] for batch in data]
+
+    fp32 = engines.pop("fp32")
+    reference = outputs(fp32)
+    latencies = side_by_side(
+        [lambda engine=engine: backend.run_engine(engine, data[0]) for engine in engines.values()],
+        lambda: backend.run_engine(fp32, data[0]),
+        Protocol(warmup=1, repeats=2, rounds=rounds, settle_s=1.0),
+    )
+    figures = {}
+    for (name, engine), latency in zip(engines.items(), latencies, strict=True):
+        figures[name] = {
+            "drop": 1.0 - cosine(outputs(engine), reference),
+            "speedup": latency.speedup,
+            "busy": latency.busy.describe() if latency.busy else None,
+        }
+        print(f"{name:24s} drop {figures[name]['drop']:.5f}  {latency.speedup:.3f}x FP32")
+    return figures
+
+
 def main() -> None:
-    """Builds the forms, scores them on the evaluation split and times them side by side."""
+    """Builds the forms, scores them and times them side by side."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config")
     parser.add_argument("--set", action="append", default=[], help="a config override, as autotune's --set")
+    parser.add_argument("--winner", type=Path, help="an exported model.onnx of the config's model (ONNX Runtime)")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -188,52 +221,38 @@ def main() -> None:
     path = model_file(config.model, config.inputs, "onnxruntime", config.cache_dir)
     inputs = load_model(config.model, config.inputs, "onnxruntime", config.cache_dir).inputs
     splits = Splits(config.data, config.seed)
-    evaluation = splits.load("evaluation", inputs).batches
-    zero_points = row_zero_points(path, splits.load("calibration", inputs).batches)
+    calibration = splits.load("calibration", inputs).batches
     backend = get_backend(config.backend)
-    knobs = backend.fp32_reference_knobs()
+    found = {"command": vars(args) | {"out": str(args.out), "winner": str(args.winner)}}
+    found["machine"] = machine_identity(type(backend))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        graphs = {
-            "fp32": onnx.load(str(path)),
-            "per-tensor": per_tensor(path, Path(tmp)),
-            "per-row": per_row(path, lambda name: True, None),
-            "per-row-scale": per_row(path, lambda name: True, zero_points),
-        }
-    engines = {name: backend.build_graph(graph, knobs) for name, graph in graphs.items()}
-
-    def outputs(engine) -> list[np.ndarray]:
-        return [backend.run_engine(engine, batch)[0] for batch in evaluation]
-
-    reference = outputs(engines["fp32"])
-    drops = {name: 1.0 - cosine(outputs(engine), reference) for name, engine in engines.items() if name != "fp32"}
-    by_kind = {}
-    for kind in KINDS:
-        engine = backend.build_graph(per_row(path, lambda name, kind=kind: kind_of(name) == kind, zero_points), knobs)
-        by_kind[kind] = 1.0 - cosine(outputs(engine), reference)
-    feed = evaluation[0]
-    names = [name for name in engines if name != "fp32"]
-    protocol = Protocol(warmup=1, repeats=2, rounds=args.rounds, settle_s=1.0)
-    latencies = side_by_side(
-        [lambda e=engines[n]: backend.run_engine(e, feed) for n in names],
-        lambda: backend.run_engine(engines["fp32"], feed),
-        protocol,
-    )
-    speedups = {name: latency.speedup for name, latency in zip(names, latencies, strict=True)}
-    busy = {name: latency.busy.describe() for name, latency in zip(names, latencies, strict=True) if latency.busy}
-    for name in names:
-        print(f"{name:14s} drop {drops[name]:.5f}  {speedups[name]:.3f}x FP32")
-    for kind, value in by_kind.items():
-        print(f"per-row-scale on {kind} alone: drop {value:.5f}")
+    if args.winner is None:
+        evaluation = splits.load("evaluation", inputs).batches
+        zero_points = row_zero_points(path, calibration)
+        with tempfile.TemporaryDirectory() as tmp:
+            graphs = {
+                "fp32": onnx.load(str(path)),
+                "per-tensor": per_tensor(path, Path(tmp)),
+                "per-row": per_row(path, lambda name: True, None),
+                "per-row-scale": per_row(path, lambda name: True, zero_points),
+            }
+        found["forms"] = side_by_side_figures(backend, graphs, evaluation, args.rounds)
+        by_kind = found["per_row_scale_by_kind"] = {}
+        knobs = backend.fp32_reference_knobs()
+        reference = [backend.run_engine(backend.build_graph(graphs["fp32"], knobs), batch)[0] for batch in evaluation]
+        for kind in KINDS:
+            alone = per_row(path, lambda name, kind=kind: kind_of(name) == kind, zero_points)
+            engine = backend.build_graph(alone, knobs)
+            by_kind[kind] = 1.0 - cosine([backend.run_engine(engine, batch)[0] for batch in evaluation], reference)
+            print(f"per-row-scale on {kind} alone: drop {by_kind[kind]:.5f}")
+    else:  # the winner's FP32 MatMuls in the per-row-scale form, on the held-out split the winner was confirmed on
+        zero_points = row_zero_points(args.winner, calibration)
+        graphs = {"fp32": onnx.load(str(path)), "winner": onnx.load(str(args.winner))}
+        for label, kinds in (("FFN-down", {"output/dense"}), ("FFN-down and FFN-up", {"output/dense", "intermediate"})):
+            graphs[f"winner, {label} per row"] = per_row(args.winner, lambda n, k=kinds: kind_of(n) in k, zero_points)
+        graphs["winner, all FP32 per row"] = per_row(args.winner, lambda name: True, zero_points)
+        found["winner"] = side_by_side_figures(backend, graphs, splits.load("holdout", inputs).batches, args.rounds)
     if args.out:
-        found = {
-            "command": vars(args) | {"out": str(args.out)},
-            "machine": machine_identity(type(backend)),
-            "drops": drops,
-            "speedups_over_fp32": speedups,
-            "per_row_scale_by_kind": by_kind,
-            "busy": busy,
-        }
         args.out.write_text(json.dumps(found, indent=1))
 
 
