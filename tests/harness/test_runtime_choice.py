@@ -145,3 +145,53 @@ def test_a_dumped_cpu_config_switched_to_another_backend_still_validates(tmp_pat
     data["backend"]["options"] = {"reference_runtimes": ["openvino"]}  # asked for: TensorRT has no such option
     with pytest.raises(ConfigError, match="reference_runtimes"):
         parse_config(data)
+
+
+def test_a_lead_clear_in_every_early_round_decides_and_a_narrower_one_does_not():
+    ort, ov = "onnxruntime", "openvino"
+    minilm_on_avx2 = {(ort, "int8-dynamic"): [1.58, 1.61, 1.60], (ov, "fp32"): [1.04, 1.10, 1.05]}
+    assert runtime_choice.clear_leader(minilm_on_avx2) == ort
+    cnn_on_avx2 = {(ort, "int8"): [1.00, 1.02, 0.99], (ov, "fp32"): [0.98, 1.0, 1.0], (ov, "int8"): [1.7, 1.75, 1.72]}
+    assert runtime_choice.clear_leader(cnn_on_avx2) == ov
+    # 18 % ahead by the medians, but one slow round of the leader comes within 15 % of the other's fastest.
+    assert runtime_choice.clear_leader({(ort, "int8"): [1.07, 1.10, 1.05], (ov, "int8"): [1.26, 1.20, 1.30]}) is None
+    # ONNX Runtime's FP32 model is the clock, 1.0 in every round: OpenVINO's FP32 must lead it too.
+    assert runtime_choice.clear_leader({(ov, "fp32"): [1.10, 1.12, 1.10]}) is None
+    assert runtime_choice.clear_leader({(ov, "fp32"): [1.20, 1.25, 1.30]}) == ov
+    # Fewer rounds than EARLY_ROUNDS decide nothing, however clear.
+    assert runtime_choice.clear_leader({(ov, "int8"): [2.0, 2.1][: runtime_choice.EARLY_ROUNDS - 1]}) is None
+
+
+def _timed_seeds(monkeypatch, round_speedups):
+    """``time_seeds`` on two scripted runtimes: each call of the timing returns the next of ``round_speedups``."""
+    from autotune.measure.timing import Latency
+
+    calls = []
+
+    def timing(runners, reference, protocol, **timing):
+        rounds = round_speedups[len(calls)]
+        calls.append(protocol)
+        return [Latency(1.0, 0.0, 1.0, 0.0, tuple(rounds[i])) for i in range(len(runners))]
+
+    monkeypatch.setattr(runtime_choice, "side_by_side", timing)
+    monkeypatch.setattr(runtime_choice, "seed_runners", lambda runtime: {"fp32": object, "int8": object})
+    speedups, _ = runtime_choice.time_seeds(["onnxruntime", "openvino"], lambda runtime: runtime)
+    return speedups, calls
+
+
+def test_a_clear_early_lead_times_only_the_early_rounds(monkeypatch):
+    # Runners in order: ONNX Runtime's INT8, OpenVINO's FP32, OpenVINO's INT8 (ONNX Runtime's FP32 is the clock).
+    early = [[1.0, 1.02, 0.99], [1.0, 0.98, 1.0], [1.7, 1.75, 1.72]]
+    speedups, calls = _timed_seeds(monkeypatch, [early])
+    assert len(calls) == 1 and calls[0].rounds == runtime_choice.EARLY_ROUNDS
+    assert speedups == {"onnxruntime": {"fp32": 1.0, "int8": 1.0}, "openvino": {"fp32": 1.0, "int8": 1.72}}
+    assert decide(speedups).runtime == "openvino"
+
+
+def test_without_a_clear_early_lead_the_rest_of_the_rounds_are_timed_and_all_of_them_count(monkeypatch):
+    early = [[1.07, 1.10, 1.05], [0.95, 0.97, 0.96], [1.26, 1.20, 1.30]]
+    rest = [[1.12, 1.11], [0.90, 0.91], [1.31, 1.32]]
+    speedups, calls = _timed_seeds(monkeypatch, [early, rest])
+    assert [protocol.rounds for protocol in calls] == [runtime_choice.EARLY_ROUNDS, 2]
+    # The medians of all five rounds, not of the first three (1.07, 0.96, 1.26).
+    assert speedups == {"onnxruntime": {"fp32": 1.0, "int8": 1.10}, "openvino": {"fp32": 0.95, "int8": 1.30}}
