@@ -136,6 +136,8 @@ def tune(
         run, config = RunDir.open(resume_dir)
     elif config is None:
         raise ConfigError("tune() needs a config, or resume_dir to continue a run")
+    else:  # refused before the runtime choice and the set-up time anything (MiniLM's: a minute and a half)
+        RunDir.new(config.run_dir)
     deadline = RunDeadline(config.budget.minutes, time.time())
     stage = Stages()
     splits = Splits(config.data, config.seed)  # the set-up's data: each split loaded once, then handed on

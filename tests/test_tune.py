@@ -85,9 +85,11 @@ def test_short_run_trains_logs_confirms_and_exports(tmp_path):
     assert accuracy == pytest.approx(summary["winner"]["accuracy"], abs=1e-9)
 
 
-def test_a_second_run_with_the_same_name_is_refused(tmp_path):
+def test_a_second_run_with_the_same_name_is_refused_before_anything_is_timed(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, budget={"builds": 3}, ppo={"episodes_per_update": 2})
     tune(config, isolate=False, progress=False)
+    # backend.name: auto times both runtimes' seeds first (40 s for MiniLM): a refused run must not wait for it.
+    monkeypatch.setattr("autotune.tune.choose_runtime", lambda *args, **kwargs: pytest.fail("the choice ran"))
     with pytest.raises(ConfigError, match="autotune resume"):
         tune(config, isolate=False, progress=False)
 

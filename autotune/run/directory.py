@@ -50,6 +50,21 @@ class RunDir:
         return self.root / "summary.json"
 
     @classmethod
+    def new(cls, root: Path) -> RunDir:
+        """The run directory ``root`` for a new run, before anything is measured for it.
+
+        Raises:
+            ConfigError: The run already has trials (resume it or choose another name).
+        """
+        run = cls(root)
+        if run.store.exists():
+            raise ConfigError(
+                f"{run.root} already holds a run: continue it with `autotune resume {run.root}`, "
+                f"or set another name (--set name=...)"
+            )
+        return run
+
+    @classmethod
     def create(cls, root: Path, resolved_config: str) -> RunDir:
         """Creates the run directory and writes the resolved config.
 
@@ -62,12 +77,7 @@ class RunDir:
             ConfigError: The run already has trials (resume it or choose another name), or the directory
                 cannot be written.
         """
-        run = cls(root)
-        if run.store.exists():
-            raise ConfigError(
-                f"{run.root} already holds a run: continue it with `autotune resume {run.root}`, "
-                f"or set another name (--set name=...)"
-            )
+        run = cls.new(root)
         try:
             run.root.mkdir(parents=True, exist_ok=True)
             atomic_write(run.config, resolved_config)
