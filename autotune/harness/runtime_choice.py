@@ -60,9 +60,9 @@ not timed (:func:`clear_leader`)."""
 CLEAR_LEAD = 0.15
 """How far the slowest early round of the leading runtime's fastest seed must be above the fastest round of every
 seed of every other runtime for the choice to stop early. Five times ``TIE_MARGIN``, and above the spread of one
-short measurement of FP32 against itself on a shared 2-core VM (0.92-1.10): a lead this clear in every round does
-not turn into a tie in two more. MiniLM's and the demo CNN's leads on an AVX2 VM were 45 % and 70 %; a YOLO-shaped
-detector's, 18 %, times the whole protocol."""
+short measurement of FP32 against itself on a 2-core AVX2 VM (0.92-1.10): a lead this clear in every round does
+not turn into a tie in two more. MiniLM's and the demo CNN's leads there were over 40 %; a YOLO-shaped detector's,
+18 %, times the whole protocol."""
 
 CHOICE_SECONDS = 40.0
 """Wall seconds the side-by-side timing may take; after them the rounds timed so far decide."""
@@ -237,7 +237,7 @@ def time_seeds(
         rest = replace(
             CHOICE_PROTOCOL,
             rounds=CHOICE_PROTOCOL.rounds - EARLY_ROUNDS,
-            max_rounds=(CHOICE_PROTOCOL.max_rounds or 0) - 2 * EARLY_ROUNDS,
+            max_rounds=2 * (CHOICE_PROTOCOL.rounds - EARLY_ROUNDS),
             stop_at=stop_at,
         )
         for key, latency in zip(keys, side_by_side(runners, reference, rest, pace=pace), strict=True):
