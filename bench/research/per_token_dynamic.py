@@ -182,8 +182,12 @@ def per_tensor(path: Path, workdir: Path) -> onnx.ModelProto:
 
 def side_by_side_figures(
     backend, graphs: dict[str, onnx.ModelProto], data: list[dict[str, np.ndarray]], rounds: int
-) -> dict[str, dict]:
-    """Each graph's drop against ``graphs["fp32"]`` on ``data`` and its speedup over it, timed side by side."""
+) -> tuple[dict[str, dict], list[np.ndarray]]:
+    """Each graph's drop against ``graphs["fp32"]`` on ``data`` and its speedup over it, timed side by side.
+
+    Returns:
+        The figures by graph name, and FP32's outputs on ``data`` (the reference of other drops on it).
+    """
     knobs = backend.fp32_reference_knobs()
     engines = {name: backend.build_graph(graph, knobs) for name, graph in graphs.items()}
 
@@ -205,7 +209,7 @@ def side_by_side_figures(
             "busy": latency.busy.describe() if latency.busy else None,
         }
         print(f"{name:24s} drop {figures[name]['drop']:.5f}  {latency.speedup:.3f}x FP32")
-    return figures
+    return figures, reference
 
 
 def main() -> None:
@@ -236,10 +240,9 @@ def main() -> None:
                 "per-row": per_row(path, lambda name: True, None),
                 "per-row-scale": per_row(path, lambda name: True, zero_points),
             }
-        found["forms"] = side_by_side_figures(backend, graphs, evaluation, args.rounds)
+        found["forms"], reference = side_by_side_figures(backend, graphs, evaluation, args.rounds)
         by_kind = found["per_row_scale_by_kind"] = {}
         knobs = backend.fp32_reference_knobs()
-        reference = [backend.run_engine(backend.build_graph(graphs["fp32"], knobs), batch)[0] for batch in evaluation]
         for kind in KINDS:
             alone = per_row(path, lambda name, kind=kind: kind_of(name) == kind, zero_points)
             engine = backend.build_graph(alone, knobs)
@@ -251,7 +254,7 @@ def main() -> None:
         for label, kinds in (("FFN-down", {"output/dense"}), ("FFN-down and FFN-up", {"output/dense", "intermediate"})):
             graphs[f"winner, {label} per row"] = per_row(args.winner, lambda n, k=kinds: kind_of(n) in k, zero_points)
         graphs["winner, all FP32 per row"] = per_row(args.winner, lambda name: True, zero_points)
-        found["winner"] = side_by_side_figures(backend, graphs, splits.load("holdout", inputs).batches, args.rounds)
+        found["winner"], _ = side_by_side_figures(backend, graphs, splits.load("holdout", inputs).batches, args.rounds)
     if args.out:
         args.out.write_text(json.dumps(found, indent=1))
 
