@@ -469,7 +469,7 @@ class TrialRunner:
                 results = self._time_together([artifacts[i] for i in group], feeds, used, pace)
                 for index, result in zip(group, results, strict=True):
                     timed[index] = (*result, used)
-        self._paces[split][1].record(pace.fastest_ms)
+        self._paces[split][1].record(pace.recent_ms)
         return timed
 
     def _time_together(

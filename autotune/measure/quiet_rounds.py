@@ -94,14 +94,19 @@ class ReferencePace:
                 rounds.popleft()
 
     @property
+    def recent_ms(self) -> float:
+        """This process's own pace now: its fastest reference round of the last ``PACE_WINDOW_S``; inf where none."""
+        self._forget(self.clock())
+        return self._recent[0][1] if self._recent else math.inf
+
+    @property
     def quiet_ms(self) -> float:
         """The machine's quiet pace now: the fastest reference round of the last ``PACE_WINDOW_S``.
 
         Within the process's first window, the pace earlier processes timed counts too.
         """
         now = self.clock()
-        self._forget(now)
-        recent = self._recent[0][1] if self._recent else math.inf
+        recent = self.recent_ms
         young = self._first_at is None or now - self._first_at < PACE_WINDOW_S
         remembered = self.remembered_ms if self.remembered_ms is not None and young else math.inf
         return min(recent, remembered)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -59,9 +61,12 @@ def test_the_remembered_pace_counts_within_a_processs_first_window_only():
     pace = ReferencePace(clock=lambda: now[0], remembered_ms=2.0)
     assert pace.quiet_ms == 2.0 and pace.behind(2.3) and pace.slower_by(2.3) == pytest.approx(0.15)
     pace.add(2.3, 1.0)
+    assert pace.recent_ms == 2.3  # what the process writes for the next: its own pace, never the one it was told
     now[0] = PACE_WINDOW_S + 1.0
     pace.add(2.3, 1.0)
     assert pace.quiet_ms == 2.3 and not pace.behind(2.3)
+    now[0] = 3 * PACE_WINDOW_S
+    assert pace.recent_ms == math.inf  # nothing timed in the last minute
 
 
 def test_a_pace_whose_rounds_scatter_more_than_a_spell_slows_them_sees_no_spell_in_a_few_slow_rounds():
