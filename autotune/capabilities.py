@@ -34,6 +34,9 @@ class Knob:
             (``autotune.search.driver.time_seeded_knobs``), and the planner weighs a plan frame per value
             (``autotune.search.design.model_frames``), so the fastest value within the budget is kept. Unlike a
             free knob it stays searched: its values differ in accuracy too.
+        needs_ops: ONNX op types of which the model must hold one for the knob to change anything (ONNX Runtime's
+            SkipLayerNormalization fusion: ``LayerNormalization``); the search space of another model leaves the
+            knob out, unless the config's ``search.knobs`` names it. Empty: every model.
     """
 
     name: str
@@ -44,6 +47,7 @@ class Knob:
     unavailable: tuple[tuple[KnobValue, str], ...] = ()
     opt_in: bool = False
     seeded: bool = False
+    needs_ops: tuple[str, ...] = ()
 
     @property
     def default(self) -> KnobValue:

@@ -475,7 +475,8 @@ def tiny_space(capabilities: Any = None, forms: bool = False, **search: Any) -> 
             )
             capabilities = dataclasses.replace(capabilities, knobs=knobs)
             search.setdefault("precisions", ["int8"])
-    return build_space(model.layers, capabilities, SearchSpaceConfig(**search))
+    op_types = {node.op_type for node in model.proto.graph.node}
+    return build_space(model.layers, capabilities, SearchSpaceConfig(**search), op_types)
 
 
 def typed_model(runner: Any, plan: Any) -> onnx.ModelProto:

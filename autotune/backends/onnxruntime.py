@@ -55,6 +55,25 @@ DISABLED_FOR_QDQ = ("MatMulAddFusion", "WeightBiasQuantization")
 """
 
 
+SKIP_LAYER_NORM_KNOB = "skip_layer_norm_fusion"
+"""The knob that keeps (True, ONNX Runtime's default) or turns off its ``SkipLayerNormFusion``, which fuses a residual
+Add (and a bias Add) with the LayerNormalization after it into one ``SkipLayerNormalization`` kernel. That kernel ran
+slower than the ops it replaces on an AMX Xeon, in FP32 and more so beside INT8 MatMuls
+(docs/method.md#measurements-behind-the-codes-choices), so a run measures both on its FP32 seed, as free knobs are."""
+
+
+def disabled_optimizers(knobs: Mapping[str, KnobValue], quantized: bool) -> list[str]:
+    """ONNX Runtime's graph optimizers a session of a plan turns off.
+
+    ``DISABLED_FOR_QDQ`` for a Q/DQ graph, and ``SkipLayerNormFusion`` where the plan's ``skip_layer_norm_fusion`` is
+    False.
+    """
+    disabled = list(DISABLED_FOR_QDQ) if quantized else []
+    if not knobs.get(SKIP_LAYER_NORM_KNOB, True):
+        disabled.append("SkipLayerNormFusion")
+    return disabled
+
+
 def spinning_entries(knobs: Mapping[str, KnobValue]) -> dict[str, str]:
     """The session config entries of the ``allow_spinning`` knob.
 
@@ -249,6 +268,13 @@ class OnnxRuntimeCPU(GraphBackend):
                 ),
                 Knob("allow_spinning", (True, False), "intra-op threads spin while waiting for work"),
                 Knob(
+                    SKIP_LAYER_NORM_KNOB,
+                    (True, False),
+                    "fuse each residual Add and LayerNormalization into ORT's SkipLayerNormalization kernel",
+                    free=True,  # the same sums and normalization in either form: rounding-level differences
+                    needs_ops=("LayerNormalization",),
+                ),
+                Knob(
                     INT8_SCHEME_KNOB,
                     (default, *(name for name in exact if name != default)),
                     "INT8 activation/weight types and weight range, among those this CPU computes exactly",
@@ -294,7 +320,7 @@ class OnnxRuntimeCPU(GraphBackend):
             model.SerializeToString(),
             options,
             providers=["CPUExecutionProvider"],
-            disabled_optimizers=list(DISABLED_FOR_QDQ) if quantized else [],
+            disabled_optimizers=disabled_optimizers(knobs, quantized),
         )
 
     def build_graph(self, graph: onnx.ModelProto, knobs: Mapping[str, KnobValue], workdir: Path | None = None) -> Any:
@@ -339,7 +365,7 @@ class OnnxRuntimeCPU(GraphBackend):
             "graph_optimization_level": str(knobs.get("graph_optimization_level", "all")),
             "intra_op_num_threads": self.intra_op_threads,
             **spinning_entries(knobs),
-            "disabled_optimizers": list(DISABLED_FOR_QDQ) if quantized else [],
+            "disabled_optimizers": disabled_optimizers(knobs, quantized),
             **scheme,
             "usage": "onnxruntime.InferenceSession('model.onnx', options, providers=..., "
             "disabled_optimizers=...) with options.graph_optimization_level and intra_op_num_threads as above",

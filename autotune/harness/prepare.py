@@ -120,7 +120,8 @@ def search_space(search: SearchSpaceConfig, model: LoadedModel, backend: Backend
         SetupError: The config's search restrictions do not fit the backend.
     """
     try:
-        return build_space(model.layers, backend.capabilities(), search)
+        op_types = {node.op_type for node in model.proto.graph.node}
+        return build_space(model.layers, backend.capabilities(), search, op_types)
     except ValueError as error:
         raise SetupError(str(error)) from error
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.capabilities import Capabilities, Knob
@@ -139,8 +139,16 @@ def _restrict_knob(knob: Knob, allowed: Sequence[KnobValue] | None) -> Knob:
     return dataclasses.replace(knob, values=values)
 
 
-def build_space(layers: Sequence[Layer], capabilities: Capabilities, config: SearchSpaceConfig) -> SearchSpace:
+def build_space(
+    layers: Sequence[Layer],
+    capabilities: Capabilities,
+    config: SearchSpaceConfig,
+    op_types: Collection[str] | None = None,
+) -> SearchSpace:
     """Intersects the backend's capabilities with the config's restrictions.
+
+    ``op_types``: every op type of the model; a knob that needs one it lacks (``Knob.needs_ops``) is left out unless
+    the config names it. None: no knob is left out for the model.
 
     Raises:
         ValueError: The config restricts a knob that does not exist or to values the backend does not offer.
@@ -162,7 +170,12 @@ def build_space(layers: Sequence[Layer], capabilities: Capabilities, config: Sea
         Knob(CALIBRATION_KNOB, tuple(config.calibration_methods), "activation range method of our calibration"),
         Knob(GRANULARITY_KNOB, tuple(config.weight_granularity), "INT8 weight scales per output channel or per tensor"),
     )
-    backend_knobs = {knob.name: knob for knob in capabilities.knobs if not knob.opt_in or knob.name in config.knobs}
+    backend_knobs = {
+        knob.name: knob
+        for knob in capabilities.knobs
+        if knob.name in config.knobs
+        or not (knob.opt_in or (knob.needs_ops and op_types is not None and not set(knob.needs_ops) & set(op_types)))
+    }
     offered = {knob.name for knob in capabilities.knobs}
     unknown = set(config.knobs) - offered - {k.name for k in recipe_knobs}
     if unknown:

@@ -30,7 +30,14 @@ def test_capabilities_offer_int8_not_fp16_on_x86():
     assert capabilities.precisions_for("MatMul")[:2] == ("fp32", "int8")  # and int8-dynamic where it is exact
     assert "fp16" not in capabilities.precisions_for("Conv")
     assert capabilities.precisions_for("Softmax") == ("fp32",)
-    assert {k.name for k in capabilities.knobs} == {"graph_optimization_level", "allow_spinning", "int8_scheme"}
+    assert {k.name for k in capabilities.knobs} == {
+        "graph_optimization_level",
+        "allow_spinning",
+        "int8_scheme",
+        "skip_layer_norm_fusion",
+    }
+    (fusion,) = (k for k in capabilities.knobs if k.name == "skip_layer_norm_fusion")
+    assert fusion.free and fusion.default is True and fusion.needs_ops == ("LayerNormalization",)
 
 
 def test_int8_matmuls_fuse_into_integer_kernels(tiny):
@@ -41,6 +48,64 @@ def test_int8_matmuls_fuse_into_integer_kernels(tiny):
     # a fusion pass got in the way and INT8 would be slower than FP32.
     assert ops["MatMulIntegerToFloat"] + ops["QGemm"] == 4, ops
     assert ops["MatMul"] == 0 and ops["Gemm"] == 0, ops
+
+
+def _residual_layer_norm(quantized: bool) -> onnx.ModelProto:
+    """x @ w + x, then LayerNormalization: what ORT fuses into SkipLayerNormalization (with Q/DQ on the MatMul)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(0, 0.1, (32, 32)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.ones(32, np.float32), "gamma"),
+        numpy_helper.from_array(np.zeros(32, np.float32), "beta"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("Add", ["y", "x"], ["sum"]),
+        helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["out"], axis=-1),
+    ]
+    if quantized:
+        weights += [
+            numpy_helper.from_array(np.array(0.05, np.float32), "scale"),
+            numpy_helper.from_array(np.array(128, np.uint8), "zero"),
+        ]
+        nodes[:0] = [
+            helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["xq"]),
+            helper.make_node("DequantizeLinear", ["xq", "scale", "zero"], ["xdq"]),
+        ]
+        nodes[2].input[0] = "xdq"
+    graph = helper.make_graph(
+        nodes,
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 32])],  # 3-D: what the fusion takes
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 8, 32])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_skip_layer_norm_fusion_off_keeps_the_add_and_layer_norm_and_the_export_says_so(quantized, tmp_path):
+    from autotune.backends.base import GraphArtifact
+    from autotune.backends.onnxruntime import DISABLED_FOR_QDQ
+
+    backend = OnnxRuntimeCPU()
+    model = _residual_layer_norm(quantized)
+    fused = Counter(n.op_type for n in backend.optimized_model(model, {}).graph.node)
+    apart = Counter(n.op_type for n in backend.optimized_model(model, {"skip_layer_norm_fusion": False}).graph.node)
+    assert fused["SkipLayerNormalization"] == 1 and fused["LayerNormalization"] == 0, fused
+    assert apart["SkipLayerNormalization"] == 0 and apart["LayerNormalization"] == 1, apart
+    feeds = {"x": np.random.default_rng(1).normal(size=(2, 8, 32)).astype(np.float32)}
+    outputs = [
+        backend.run_engine(backend.build_graph(model, knobs), feeds)[0]
+        for knobs in ({}, {"skip_layer_norm_fusion": False})
+    ]
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-5)  # the same sums, apart: a free knob
+    plan = Plan.make({}, {"skip_layer_norm_fusion": False})
+    backend.export(GraphArtifact(model, backend.build_graph(model, plan.knob_map)), plan, tmp_path)
+    disabled = json.loads((tmp_path / "session.json").read_text())["disabled_optimizers"]
+    assert disabled == [*(DISABLED_FOR_QDQ if quantized else ()), "SkipLayerNormFusion"]
 
 
 def test_build_runs_and_rejects_bad_models(tiny):

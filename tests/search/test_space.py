@@ -96,6 +96,30 @@ def test_recipe_knobs_from_config():
     assert _space(knobs={"calibration": ["percentile"]}).knobs[0].values == ("percentile",)
 
 
+def test_a_knob_that_needs_an_op_the_model_lacks_is_left_out_unless_the_config_names_it():
+    from autotune.config.schema import SearchSpaceConfig
+    from autotune.search.space import build_space
+
+    capabilities = Capabilities(
+        precisions={"MatMul": ("fp32", "int8")},
+        knobs=(
+            Knob("level", ("a", "b")),
+            Knob("fuse_norm", (True, False), free=True, needs_ops=("LayerNormalization",)),
+        ),
+    )
+    layers = _space().layers
+    names = [CALIBRATION_KNOB, GRANULARITY_KNOB]
+
+    def knobs(op_types, **config):
+        space = build_space(layers, capabilities, SearchSpaceConfig(**config), op_types)
+        return [knob.name for knob in space.knobs]
+
+    assert knobs({"MatMul", "Relu"}) == [*names, "level"]  # no LayerNormalization: no build measures the knob
+    assert knobs({"MatMul", "LayerNormalization"}) == [*names, "level", "fuse_norm"]
+    assert knobs(None) == [*names, "level", "fuse_norm"]  # the model's ops not known: nothing left out
+    assert knobs({"MatMul"}, knobs={"fuse_norm": [False]}) == [*names, "level", "fuse_norm"]
+
+
 def test_unknown_knob_is_value_error():
     with pytest.raises(ValueError, match="unknown knobs \\['bogus'\\]") as info:
         _space(knobs={"bogus": [1]})
