@@ -33,7 +33,7 @@ PACE_FILE = "reference_pace.json"
 """The file, in ``cache_dir``, that holds every key's remembered paces."""
 
 KEEP_PROCESSES = 8
-"""Processes per key whose fastest reference round is kept."""
+"""Processes per key whose pace (their last minute's fastest reference round) is kept."""
 
 MAX_AGE_S = 120.0
 """Entries older than this are dropped: an idle VM's pace drifted by more than ``quiet_rounds.SPELL_BAND`` within
