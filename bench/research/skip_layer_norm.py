@@ -1,6 +1,6 @@
 """ONNX Runtime's SkipLayerNormalization kernel against the Add and LayerNormalization it replaces, on this CPU.
 
-Two measurements, each in interleaved rounds on the backend's threads (``backend.intra_op_threads``, 2 by default):
+Two measurements, each in interleaved rounds on sessions built as the backend builds them (2 threads by default):
 
 - one node: ``SkipLayerNormalization`` against ``Add`` (+ the bias ``Add``) and ``LayerNormalization``, on a
   ``--rows`` x ``--hidden`` activation (MiniLM at batch 8: 1024 x 384);
@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.backends.onnxruntime import DISABLED_FOR_QDQ
+from autotune.backends.onnxruntime import DISABLED_FOR_QDQ, spinning_entries
 
 
 def node_model(fused: bool, bias: bool, rows: int, hidden: int) -> bytes:
@@ -55,12 +55,18 @@ def node_model(fused: bool, bias: bool, rows: int, hidden: int) -> bytes:
 
 
 def session(model: bytes | str, threads: int, disabled: list[str]):
-    """An ONNX Runtime CPU session of ``threads`` intra-op threads with ``disabled`` optimizers off."""
+    """An ONNX Runtime CPU session as the backend builds one, with ``disabled`` optimizers off.
+
+    ``threads`` intra-op threads whose spinning stops when a run returns, so that one session's threads do not take
+    the cores from the next one timed.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    for key, value in spinning_entries({}).items():
+        options.add_session_config_entry(key, value)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
 
 
