@@ -35,8 +35,9 @@ class Knob:
             (``autotune.search.design.model_frames``), so the fastest value within the budget is kept. Unlike a
             free knob it stays searched: its values differ in accuracy too.
         needs_ops: ONNX op types of which the model must hold one for the knob to change anything (ONNX Runtime's
-            SkipLayerNormalization fusion: ``LayerNormalization``); the search space of another model leaves the
-            knob out, unless the config's ``search.knobs`` names it. Empty: every model.
+            SkipLayerNormalization fusion: ``LayerNormalization``, or the ``Sqrt`` of one spelt out in primitive
+            ops); the search space of another model leaves the knob out, unless the config's ``search.knobs`` names
+            it. Empty: every model.
     """
 
     name: str

@@ -272,7 +272,8 @@ class OnnxRuntimeCPU(GraphBackend):
                     (True, False),
                     "fuse each residual Add and LayerNormalization into ORT's SkipLayerNormalization kernel",
                     free=True,  # the same sums and normalization in either form: rounding-level differences
-                    needs_ops=("LayerNormalization",),
+                    # Sqrt: a LayerNorm spelt out in primitive ops (exports below opset 17), which ORT fuses first
+                    needs_ops=("LayerNormalization", "Sqrt"),
                 ),
                 Knob(
                     INT8_SCHEME_KNOB,

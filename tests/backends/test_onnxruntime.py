@@ -37,7 +37,7 @@ def test_capabilities_offer_int8_not_fp16_on_x86():
         "skip_layer_norm_fusion",
     }
     (fusion,) = (k for k in capabilities.knobs if k.name == "skip_layer_norm_fusion")
-    assert fusion.free and fusion.default is True and fusion.needs_ops == ("LayerNormalization",)
+    assert fusion.free and fusion.default is True and fusion.needs_ops == ("LayerNormalization", "Sqrt")
 
 
 def test_int8_matmuls_fuse_into_integer_kernels(tiny):
@@ -106,6 +106,44 @@ def test_skip_layer_norm_fusion_off_keeps_the_add_and_layer_norm_and_the_export_
     backend.export(GraphArtifact(model, backend.build_graph(model, plan.knob_map)), plan, tmp_path)
     disabled = json.loads((tmp_path / "session.json").read_text())["disabled_optimizers"]
     assert disabled == [*(DISABLED_FOR_QDQ if quantized else ()), "SkipLayerNormFusion"]
+
+
+def test_a_layer_norm_spelt_out_in_primitive_ops_is_fused_too_and_the_knob_keeps_it_apart():
+    from onnx import TensorProto, helper, numpy_helper
+
+    constants = {
+        "w": np.eye(32, dtype=np.float32),
+        "two": np.array(2.0, np.float32),
+        "eps": np.array(1e-6, np.float32),
+        "gamma": np.ones(32, np.float32),
+        "beta": np.zeros(32, np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("Add", ["y", "x"], ["sum"]),
+        helper.make_node("ReduceMean", ["sum"], ["mean"], axes=[-1]),
+        helper.make_node("Sub", ["sum", "mean"], ["centred"]),
+        helper.make_node("Pow", ["centred", "two"], ["squares"]),
+        helper.make_node("ReduceMean", ["squares"], ["variance"], axes=[-1]),
+        helper.make_node("Add", ["variance", "eps"], ["shifted"]),
+        helper.make_node("Sqrt", ["shifted"], ["deviation"]),
+        helper.make_node("Div", ["centred", "deviation"], ["normalized"]),
+        helper.make_node("Mul", ["normalized", "gamma"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "beta"], ["out"]),
+    ]
+    shape = [2, 8, 32]
+    graph = helper.make_graph(
+        nodes,
+        "spelt_out",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])  # before LayerNormalization
+    backend = OnnxRuntimeCPU()
+    fused = Counter(n.op_type for n in backend.optimized_model(model, {}).graph.node)
+    apart = Counter(n.op_type for n in backend.optimized_model(model, {"skip_layer_norm_fusion": False}).graph.node)
+    assert fused["SkipLayerNormalization"] == 1 and apart["SkipLayerNormalization"] == 0, (fused, apart)
 
 
 def test_build_runs_and_rejects_bad_models(tiny):
