@@ -26,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from autotune.backends.onnxruntime import DISABLED_FOR_QDQ, spinning_entries
+from autotune.config.auto import parse_shapes
 
 
 def node_model(fused: bool, bias: bool, rows: int, hidden: int) -> bytes:
@@ -82,7 +83,7 @@ def interleaved(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str,
     return {name: np.array(values) for name, values in times.items()}
 
 
-def feeds_of(path: str, shapes: dict[str, list[int]]) -> dict[str, np.ndarray]:
+def feeds_of(path: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
     """Ones of each graph input's shape (token ids 1000); ``shapes`` for dynamic dimensions."""
     graph = onnx.load(path, load_external_data=False).graph
     initializers = {init.name for init in graph.initializer}
@@ -123,7 +124,7 @@ def main() -> None:
             f"{fused_us:.0f} us, Add+LayerNormalization {unfused_us:.0f} us: off over on "
             f"{np.median(times['True'] / times['False']):.2f}x, max difference {np.abs(on - off).max():.1e}"
         )
-    shapes = {name: [int(d) for d in dims.split("x")] for name, dims in (s.split("=", 1) for s in args.shape)}
+    shapes = parse_shapes(args.shape)
     for path in args.models:
         graph = onnx.load(path, load_external_data=False).graph
         base = list(DISABLED_FOR_QDQ) if any(node.op_type == "DequantizeLinear" for node in graph.node) else []
