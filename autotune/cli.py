@@ -167,10 +167,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     if len(results) == 1 or args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     else:
-        header = f"{'plan':<24} {'speedup':>8} {'latency ms':>11} {'FP32 ms':>9} {'metric':>9} {'drop':>9}"
+        width = max(24, *(len(_plan_label(spec)) for spec in specs))
+        header = f"{'plan':<{width}} {'speedup':>8} {'latency ms':>11} {'FP32 ms':>9} {'metric':>9} {'drop':>9}"
         print(f"{header} {'over the first, by round':>25}   ({args.split} data)")
         for spec, row in zip(specs, results, strict=True):
-            print(_side_by_side_row(spec, row, results[0]))
+            print(_side_by_side_row(spec, row, results[0], width))
     return 0 if all(result["status"] == "ok" for result in results) else 1
 
 
@@ -182,8 +183,7 @@ def _say_failed(specs: list[str], results: list[dict]) -> None:
     for spec, row in zip(specs, results, strict=True):
         if row.get("status") != "ok":
             error = str(row.get("error") or "no result").strip().splitlines()
-            label = Path(spec).name if spec.endswith(".json") else spec
-            print(f"autotune: plan {label} failed: {error[-1] if error else 'no result'}", file=sys.stderr)
+            print(f"autotune: plan {_plan_label(spec)} failed: {error[-1] if error else 'no result'}", file=sys.stderr)
 
 
 def _say_busy(results: list[dict]) -> None:
@@ -196,29 +196,41 @@ def _say_busy(results: list[dict]) -> None:
         print(f"autotune: note: {described.describe()}", file=sys.stderr)
 
 
-def _side_by_side_row(spec: str, row: dict, first: dict) -> str:
-    """One plan's line; the last column compares it with the first plan, round by round (they shared rounds)."""
-    label = Path(spec).name if spec.endswith(".json") else spec
+def _plan_label(spec: str) -> str:
+    """A ``--plan`` as its row names it: a plan file by its file name, a one-liner or uniform plan as given."""
+    return Path(spec).name if spec.endswith(".json") else spec
+
+
+def _side_by_side_row(spec: str, row: dict, first: dict, width: int = 24) -> str:
+    """One plan's line; the last column compares it with the first plan, round by round (they shared rounds).
+
+    Args:
+        spec: The ``--plan`` of the row.
+        row: Its result.
+        first: The first plan's result.
+        width: The label column's width (the longest label's, at least 24).
+    """
+    label = _plan_label(spec)
     if row["status"] != "ok" or row.get("speedup") is None:
         error = str(row.get("error") or "no result").strip().splitlines()
-        return f"{label:<24} failed: {error[-1] if error else 'no result'}"
+        return f"{label:<{width}} failed: {error[-1] if error else 'no result'}"
     rounds = row.get("round_speedups") or []
     compared = None if row is first else compare_rounds(rounds, first.get("round_speedups") or [])
     over = "-" if compared is None else f"{compared[0]:.2f}x, faster in {compared[1]}/{len(rounds)}"
     return (
-        f"{label:<24} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['reference_latency_ms']:>9.3f} "
+        f"{label:<{width}} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['reference_latency_ms']:>9.3f} "
         f"{row['accuracy']:>9.4f} {row['accuracy_drop']:>9.4g} {over:>25}"
     )
 
 
-def _summary_row(label: str, row: dict) -> str:
-    """One line of the summary table; a failed one-liner shows its error instead of numbers."""
+def _summary_row(label: str, row: dict, width: int = 12) -> str:
+    """One line of the summary table (``width``: its label column's); a failed one-liner shows its error instead."""
     if row.get("status", "ok") != "ok" or row.get("speedup") is None:
         error = str(row.get("error") or "no result").strip().splitlines()
-        return f"{label:<12} failed: {error[-1] if error else 'no result'}"
+        return f"{label:<{width}} failed: {error[-1] if error else 'no result'}"
     back_to_back = row.get("back_to_back_ms")
     return (
-        f"{label:<12} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
+        f"{label:<{width}} {row['speedup']:>8.2f} {row['latency_ms']:>11.3f} {row['accuracy']:>9.4f} "
         f"{row['accuracy_drop']:>9.4g}" + (f" {back_to_back:>11.3f}" if back_to_back else "")
     )
 
@@ -229,13 +241,15 @@ def _print_summary(summary: dict) -> None:
         print(f"\n{summary['backend_choice']['line']}")
     print(f"\nwinner (rank {summary['rank']}): {summary['plan']}")
     pipelined = f" {'ms b2b':>11}" if winner.get("back_to_back_ms") else ""  # 20 launches back to back, per launch
-    print(
-        f"{'':<12} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}{pipelined}   (held-out data, confirmed)"
-    )
     rows = [("fp32", reference), *(summary.get("references") or {}).items(), ("winner", winner)]
+    width = max(12, *(len(label) for label, _ in rows))  # a long one-liner's name (nncf-accuracy-control) fits
+    print(
+        f"{'':<{width}} {'speedup':>8} {'latency ms':>11} {'metric':>9} {'drop':>9}{pipelined}   "
+        "(held-out data, confirmed)"
+    )
     for label, row in rows:
         if row:
-            print(_summary_row(label, row))
+            print(_summary_row(label, row, width))
     for line in summary.get("headline") or headline_lines(summary):
         print(line)
     if summary.get("reference_note"):

@@ -338,6 +338,24 @@ def write_tiny_project(root: Path, batch: int = 16, features: int = 32, seed: in
     return paths
 
 
+TINY_MEASURE: dict[str, Any] = {
+    "warmup": 1,
+    "repeats": 3,
+    "rounds": 1,
+    "settle_s": 0,
+    # no patience: a tiny run neither waits out another process nor a slow spell
+    "busy_patience_s": 0,
+    "spell_patience_s": 0,
+    # off: a tiny plan's measurement lasts less than the half second a share of the cores needs
+    "busy_others": None,
+}
+"""The ``measure`` section of the tiny configs."""
+
+TINY_CONFIRM: dict[str, Any] = {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False}
+"""The ``confirm`` section of the tiny configs. No self-check: a model timed in microseconds reads FP32 against
+itself far from 1 in one round; the self-check is tested on its own (tests/measure/test_selfcheck.py)."""
+
+
 def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
     """A config for the tiny project in ``root`` (written if missing); ``overrides`` replace top-level sections."""
     if not (root / "tiny.onnx").exists():
@@ -352,20 +370,8 @@ def tiny_config(root: Path, name: str = "tiny", **overrides: Any) -> TuneConfig:
             "holdout": {"npz": str(root / "holdout.npz")},
         },
         "metric": {"name": "top1"},
-        # busy_others off: a tiny plan's measurement lasts less than the half second a share of the cores needs
-        # and no patience: a tiny run neither waits out another process nor a slow spell
-        "measure": {
-            "warmup": 1,
-            "repeats": 3,
-            "rounds": 1,
-            "settle_s": 0,
-            "busy_patience_s": 0,
-            "spell_patience_s": 0,
-            "busy_others": None,
-        },
-        # A model timed in microseconds reads FP32 against itself far from 1 in one round: the timing
-        # self-check is tested on its own (tests/measure/test_selfcheck.py), not in every tiny run.
-        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
+        "measure": dict(TINY_MEASURE),
+        "confirm": dict(TINY_CONFIRM),
         "accuracy_budget": 0.02,
         "budget": {"builds": 10},
         "runs_dir": str(root / "runs"),
@@ -556,20 +562,8 @@ def tiny_torch_config(root: Path, name: str = "tiny-torch", device: str = "cpu",
         "inputs": [{"name": "x", "shape": [32, 32], "dtype": "float32"}],
         "data": {split: {"npz": str(root / f"{split}.npz")} for split in ("calibration", "evaluation", "holdout")},
         "metric": {"name": "top1"},
-        # busy_others off: a tiny plan's measurement lasts less than the half second a share of the cores needs
-        # and no patience: a tiny run neither waits out another process nor a slow spell
-        "measure": {
-            "warmup": 1,
-            "repeats": 3,
-            "rounds": 1,
-            "settle_s": 0,
-            "busy_patience_s": 0,
-            "spell_patience_s": 0,
-            "busy_others": None,
-        },
-        # A model timed in microseconds reads FP32 against itself far from 1 in one round: the timing
-        # self-check is tested on its own (tests/measure/test_selfcheck.py), not in every tiny run.
-        "confirm": {"top_k": 2, "repeats": 3, "rounds": 1, "self_check": False},
+        "measure": dict(TINY_MEASURE),
+        "confirm": dict(TINY_CONFIRM),
         "accuracy_budget": 0.02,
         "budget": {"builds": 6},
         "runs_dir": str(root / "runs"),

@@ -5,7 +5,7 @@ import pytest
 
 from autotune.cli import main
 from autotune.config.schema import dump_config
-from autotune.testing import tiny_config
+from autotune.testing import TINY_MEASURE, tiny_config
 
 
 @pytest.fixture()
@@ -198,14 +198,7 @@ def test_a_constant_weight_model_inspects_and_evaluates_as_its_initializer_twin(
                 "model": {"onnx": str(tmp_path / f"{name}.onnx")},
                 "data": {"calibration": {"random": 2}, "evaluation": {"random": 2}},
                 "metric": {"name": "cosine"},
-                "measure": {
-                    "warmup": 1,
-                    "repeats": 3,
-                    "rounds": 1,
-                    "settle_s": 0,
-                    "busy_patience_s": 0,
-                    "busy_others": None,
-                },
+                "measure": TINY_MEASURE,
                 "runs_dir": str(tmp_path / name / "runs"),
                 "cache_dir": str(tmp_path / name / "cache"),
             },
@@ -274,6 +267,28 @@ def test_the_printed_summary_shows_both_timings_and_both_ratios_where_the_backen
     _print_summary(summary)
     out = capsys.readouterr().out
     assert "ms b2b" not in out and "without autotune: 1.25x one launch (torch-bf16)\n" in out
+
+
+def test_the_printed_summarys_columns_stay_aligned_beside_a_long_one_liner_name(capsys):
+    from autotune.cli import _print_summary
+
+    row = {"speedup": 2.0, "latency_ms": 5.0, "accuracy": 0.99, "accuracy_drop": 0.001, "status": "ok"}
+    summary = {
+        "rank": 1, "plan": "int8 x10", "winner": row, "fp32_reference": row,
+        "references": {"nncf-accuracy-control": row, "ov-default": row}, "headline": [],
+        "accuracy_budget": 0.002, "metric": "cosine", "builds": 5, "cache_hits": 0, "files": [],
+    }  # fmt: skip
+    _print_summary(summary)
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index(next(line for line in lines if "(held-out data, confirmed)" in line)) :][:5]
+    # every row's speedup ends where the header's does
+    assert (
+        len(
+            {line.index("speedup") + len("speedup") for line in table[:1]}
+            | {line.index("2.00") + 4 for line in table[1:]}
+        )
+        == 1
+    )
 
 
 def test_resume_set_continues_a_finished_run_to_a_larger_budget_and_refuses_other_keys(
