@@ -3,7 +3,9 @@
 Before the run starts, every installed CPU runtime (ONNX Runtime; OpenVINO where its extra is installed) builds
 the run's uniform seeds (FP32, all-INT8, all-BF16 where offered) as a run on it would (the same model, search
 space, INT8 scheme and calibration, cached for the run that follows), and all of them are timed side by side in
-the same rounds against ONNX Runtime's FP32 model (``autotune.measure.timing.side_by_side``). The run tunes on the
+the same rounds against ONNX Runtime's FP32 model (``autotune.measure.timing.side_by_side``). A free knob that the
+model's ops invite (``Knob.needs_ops``: ONNX Runtime's SkipLayerNormalization fusion) can be worth more than the
+margins below, so each seed is built with its other values too (:func:`fusion_variants`). The run tunes on the
 runtime whose fastest seed is fastest; ONNX Runtime, the default, keeps a tie (``TIE_MARGIN``). Where one runtime
 leads clearly in the first rounds (``CLEAR_LEAD``), the rest are not timed. The choice is one line on stderr and
 ``backend_choice`` in ``summary.json``.
@@ -28,7 +30,7 @@ from autotune.extras import MissingExtra
 from autotune.measure.quiet_rounds import ReferencePace
 from autotune.measure.timing import Latency, Protocol, side_by_side
 from autotune.model.layers import LoadedModel
-from autotune.plan import PRECISIONS, Plan
+from autotune.plan import PRECISIONS, KnobValue, Plan
 from autotune.search.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -126,12 +128,12 @@ def decide(speedups: Timings, skipped: Mapping[str, str] | None = None) -> Runti
     else:
         seed, speed = best[chosen]
         others = ", ".join(
-            f"{LABELS[runtime]}'s best {best[runtime][0].upper()} {best[runtime][1]:.2f}x"
+            f"{LABELS[runtime]}'s best {seed_label(best[runtime][0])} {best[runtime][1]:.2f}x"
             for runtime in best
             if runtime != chosen
         )
         line = (
-            f"backend auto: {LABELS[chosen]}, whose {seed.upper()} seed ran {speed:.2f}x ONNX Runtime FP32 "
+            f"backend auto: {LABELS[chosen]}, whose {seed_label(seed)} seed ran {speed:.2f}x ONNX Runtime FP32 "
             f"side by side ({others}); its one-liners and the others' are the references"
         )
     return RuntimeChoice(chosen, line, {r: dict(s) for r, s in speedups.items()}, skipped)
@@ -273,8 +275,57 @@ def clear_leader(rounds: Mapping[tuple[str, str], Sequence[float]]) -> str | Non
     return leader if min(timed[best]) > max(others) * (1 + CLEAR_LEAD) else None
 
 
+def fusion_variants(space: SearchSpace) -> list[dict[str, KnobValue]]:
+    """The other values of the space's free knobs that the model's ops invite (``Knob.needs_ops``), one at a time.
+
+    Such a knob switches a fusion of the model's own ops into one kernel (ONNX Runtime's SkipLayerNormalization:
+    with it off, a MiniLM ran 1.12x faster in FP32 and 1.16-1.20x in INT8 on an AMX Xeon), more than ``TIE_MARGIN``
+    and near ``CLEAR_LEAD``: the seeds built at its default alone would understate that runtime. The free knobs
+    every model has are left to the run, which measures them on its fastest seed
+    (``autotune.search.driver.fix_free_knobs``).
+    """
+    return [
+        {knob.name: value}
+        for knob in space.free_knobs
+        if knob.needs_ops
+        for value in knob.values
+        if value != knob.default
+    ]
+
+
+def variant_name(seed: str, knobs: Mapping[str, KnobValue]) -> str:
+    """A seed built with other knob values, as the timings name it: ``int8 (skip_layer_norm_fusion=False)``."""
+    return f"{seed} ({', '.join(f'{name}={value}' for name, value in knobs.items())})"
+
+
+def seed_label(seed: str) -> str:
+    """A seed's name as the choice's line prints it: its precision in capitals, a variant's knobs as they are."""
+    precision, _, knobs = seed.partition(" ")
+    return f"{precision.upper()} {knobs}" if knobs else precision.upper()
+
+
+def seed_plans(setup: SeedSetup) -> dict[str, Plan]:
+    """The seeds a runtime is timed by, by name.
+
+    FP32 (with the backend's reference knobs), each other uniform precision it offers, and each of them again with
+    each knob value of :func:`fusion_variants`.
+    """
+    backend, space = setup.backend, setup.space
+    variants = fusion_variants(space)
+    reference_knobs = backend.fp32_reference_knobs()
+    plans = {"fp32": space.uniform("fp32", reference_knobs)}
+    plans |= {variant_name("fp32", knobs): space.uniform("fp32", {**reference_knobs, **knobs}) for knobs in variants}
+    for precision in SEEDS[1:]:
+        plan = space.uniform(precision)
+        if plan.hash == space.uniform("fp32").hash:  # no such layer here: the FP32 seed stands for it
+            continue
+        plans[precision] = plan
+        plans |= {variant_name(precision, knobs): plan.with_knobs(**knobs) for knobs in variants}
+    return plans
+
+
 def seed_runners(setup: SeedSetup) -> dict[str, Callable[[], object]]:
-    """Runs of each seed's engine over two calibration batches, by seed name, built as the run builds its seeds.
+    """Runs of each seed's engine (:func:`seed_plans`) over two calibration batches, by name, built as a run builds.
 
     The model, search space and calibration ranges are the run's (the calibration cached for it); the INT8 seed
     takes the ``max`` ranges, not the run's layerwise choices, which move scales, not kernels: the timing is the
@@ -285,17 +336,13 @@ def seed_runners(setup: SeedSetup) -> dict[str, Callable[[], object]]:
     """
     from autotune.quant.lowering import NONE, Quantization
 
-    backend, space = setup.backend, setup.space
-    fp32 = space.uniform("fp32", backend.fp32_reference_knobs())
-    artifacts = {"fp32": backend.build(fp32, NONE, setup.workdir)}
-    ranges = None
-    for precision in SEEDS[1:]:
-        plan: Plan = space.uniform(precision)
-        if plan.hash == space.uniform("fp32").hash:  # no such layer here: the FP32 seed stands for it
-            continue
-        if ranges is None and ("int8" in precision or "fp8" in precision):
+    backend = setup.backend
+    artifacts, ranges = {}, None
+    for seed, plan in seed_plans(setup).items():
+        quantized = any("int8" in precision or "fp8" in precision for _, precision in plan.precisions)
+        if quantized and ranges is None:
             ranges = Quantization(setup.max_ranges())
-        artifacts[precision] = backend.build(plan, ranges if ranges is not None else NONE, setup.workdir)
+        artifacts[seed] = backend.build(plan, ranges if quantized else NONE, setup.workdir)
     batches = setup.calibration.batches[:2]
     return {
         seed: (lambda artifact=artifact: [backend.run(artifact, batch) for batch in batches])

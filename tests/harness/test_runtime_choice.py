@@ -195,3 +195,42 @@ def test_without_a_clear_early_lead_the_rest_of_the_rounds_are_timed_and_all_of_
     assert [protocol.rounds for protocol in calls] == [runtime_choice.EARLY_ROUNDS, 2]
     # The medians of all five rounds, not of the first three (1.07, 0.96, 1.26).
     assert speedups == {"onnxruntime": {"fp32": 1.0, "int8": 1.10}, "openvino": {"fp32": 0.95, "int8": 1.30}}
+
+
+def test_each_seed_is_also_built_and_timed_with_the_fusion_knobs_the_models_ops_invite(tmp_path):
+    fusion = "skip_layer_norm_fusion"
+    plain = tiny_config(tmp_path / "plain")  # an MLP: no LayerNormalization, so the space has no fusion knob
+    speedups, _ = seed_timings(plain, ["onnxruntime"])
+    assert set(speedups["onnxruntime"]) == {"fp32", "int8"}
+    # A config that names the knob keeps it in the space, as a model with a LayerNormalization would.
+    named = tiny_config(tmp_path / "named", search={"knobs": {fusion: [True, False]}})
+    speedups, _ = seed_timings(named, ["onnxruntime"])
+    seeds = {name for name in speedups["onnxruntime"] if " " not in name}
+    assert {"fp32", "int8"} <= seeds
+    assert set(speedups["onnxruntime"]) - seeds == {f"{seed} ({fusion}=False)" for seed in seeds}
+    assert all(0.05 < value < 20 for value in speedups["onnxruntime"].values())
+
+
+def test_a_variant_seed_is_named_by_its_precision_and_its_knobs_in_the_line():
+    ort, ov = "onnxruntime", "openvino"
+    variant = runtime_choice.variant_name("int8-dynamic", {"skip_layer_norm_fusion": False})
+    assert variant == "int8-dynamic (skip_layer_norm_fusion=False)"
+    choice = decide({ort: {"fp32": 1.0, "int8-dynamic": 1.6, variant: 1.9}, ov: {"fp32": 1.1, "int8": 1.8}})
+    # The fused kernel's seed alone would have lost to OpenVINO's INT8 (1.6x against 1.8x).
+    assert choice.runtime == ort
+    assert "whose INT8-DYNAMIC (skip_layer_norm_fusion=False) seed ran 1.90x" in choice.line
+    assert "OpenVINO's best INT8 1.80x" in choice.line
+
+
+def test_the_fusion_variants_are_the_free_knobs_that_need_the_models_ops(tmp_path):
+    from dataclasses import replace
+
+    from autotune.capabilities import Knob
+    from autotune.testing import tiny_space
+
+    knobs = (
+        Knob("fuse", (True, False), free=True, needs_ops=("LayerNormalization",)),
+        Knob("pinning", (True, False), free=True),  # every model has it: left to the run
+        Knob("level", ("all", "basic")),  # not free: searched
+    )
+    assert runtime_choice.fusion_variants(replace(tiny_space(), knobs=knobs)) == [{"fuse": False}]
