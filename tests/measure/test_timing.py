@@ -599,11 +599,16 @@ def test_a_real_process_at_nice_19_on_our_cores_makes_the_measurement_say_the_ma
 
     cpus = sorted(os.sched_getaffinity(0))
     loop = (
-        f"import os, time; os.sched_setaffinity(0, {set(cpus)}); end = time.time() + 4\nwhile time.time() < end: pass"
+        f"import os, time; os.sched_setaffinity(0, {set(cpus)}); end = time.time() + 4; print('spinning', flush=True)"
+        "\nwhile time.time() < end: pass"
     )
-    competitors = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", loop]) for _ in cpus]
+    competitors = [
+        subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", loop], stdout=subprocess.PIPE, text=True)
+        for _ in cpus
+    ]
     try:
-        time.sleep(0.2)
+        # Each spins before the measurement starts: on a loaded machine an interpreter takes longer than any sleep.
+        assert all(competitor.stdout.readline().strip() == "spinning" for competitor in competitors)
 
         def run() -> None:
             end = time.perf_counter() + 0.002
