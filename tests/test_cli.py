@@ -198,7 +198,7 @@ def test_a_constant_weight_model_inspects_and_evaluates_as_its_initializer_twin(
                 "model": {"onnx": str(tmp_path / f"{name}.onnx")},
                 "data": {"calibration": {"random": 2}, "evaluation": {"random": 2}},
                 "metric": {"name": "cosine"},
-                "measure": TINY_MEASURE,
+                "measure": dict(TINY_MEASURE),
                 "runs_dir": str(tmp_path / name / "runs"),
                 "cache_dir": str(tmp_path / name / "cache"),
             },
