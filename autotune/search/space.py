@@ -139,6 +139,11 @@ def _restrict_knob(knob: Knob, allowed: Sequence[KnobValue] | None) -> Knob:
     return dataclasses.replace(knob, values=values)
 
 
+def _idle_for_model(knob: Knob, op_types: Collection[str] | None) -> bool:
+    """The model holds none of the ops the knob needs (``Knob.needs_ops``), so no build of it would differ."""
+    return bool(knob.needs_ops) and op_types is not None and not set(knob.needs_ops) & set(op_types)
+
+
 def build_space(
     layers: Sequence[Layer],
     capabilities: Capabilities,
@@ -173,13 +178,11 @@ def build_space(
     backend_knobs = {
         knob.name: knob
         for knob in capabilities.knobs
-        if knob.name in config.knobs
-        or not (knob.opt_in or (knob.needs_ops and op_types is not None and not set(knob.needs_ops) & set(op_types)))
+        if knob.name in config.knobs or not (knob.opt_in or _idle_for_model(knob, op_types))
     }
     offered = {knob.name for knob in capabilities.knobs}
     unknown = set(config.knobs) - offered - {k.name for k in recipe_knobs}
     if unknown:
         raise ValueError(f"search.knobs names unknown knobs {sorted(unknown)}; this backend has {sorted(offered)}")
-    knobs = recipe_knobs + tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in backend_knobs.values())
-    knobs = tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in knobs)
+    knobs = tuple(_restrict_knob(k, config.knobs.get(k.name)) for k in (*recipe_knobs, *backend_knobs.values()))
     return SearchSpace(tuple(layers), tuple(choices), knobs, config.group_size)

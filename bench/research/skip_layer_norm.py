@@ -5,7 +5,7 @@ Two measurements, each in interleaved rounds on sessions built as the backend bu
 - one node: ``SkipLayerNormalization`` against ``Add`` (+ the bias ``Add``) and ``LayerNormalization``, on a
   ``--rows`` x ``--hidden`` activation (MiniLM at batch 8: 1024 x 384);
 - each ONNX file given: its session with ORT's ``SkipLayerNormFusion`` on (ORT's default) and off, every other
-  optimizer as ``autotune`` builds it (``DISABLED_FOR_QDQ`` off for a Q/DQ graph); an exported winner's
+  optimizer as ``autotune`` builds it (``disabled_optimizers`` of the backend); an exported winner's
   ``model.onnx`` reads the same way. Its feeds are ones of the graph's input shapes (``--shape NAME=DIMS`` for
   a dynamic one), token ids set to 1000.
 
@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from autotune.backends.onnxruntime import DISABLED_FOR_QDQ, spinning_entries
+from autotune.backends.onnxruntime import SKIP_LAYER_NORM_KNOB, disabled_optimizers, spinning_entries
 from autotune.config.auto import parse_shapes
 
 
@@ -127,9 +127,10 @@ def main() -> None:
     shapes = parse_shapes(args.shape)
     for path in args.models:
         graph = onnx.load(path, load_external_data=False).graph
-        base = list(DISABLED_FOR_QDQ) if any(node.op_type == "DequantizeLinear" for node in graph.node) else []
+        quantized = any(node.op_type == "DequantizeLinear" for node in graph.node)
         sessions = {
-            on: session(path, args.threads, base + ([] if on else ["SkipLayerNormFusion"])) for on in (True, False)
+            on: session(path, args.threads, disabled_optimizers({SKIP_LAYER_NORM_KNOB: on}, quantized))
+            for on in (True, False)
         }
         feeds = feeds_of(path, shapes)
         times = interleaved({str(on): lambda s=s, f=feeds: s.run(None, f) for on, s in sessions.items()}, 12)
